@@ -1,0 +1,71 @@
+//! `LockBackend`: the small trait every backend implements.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Capabilities, Grant, Lease, LockKey, LostReason, OwnerToken, Result, Waiting};
+
+/// A future that completes when a lock may have been released.
+pub type WakeUpFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A future that completes when the backend learns that a lease is gone.
+pub type LossFuture = Pin<Box<dyn Future<Output = LostReason> + Send + 'static>>;
+
+/// The trait object users hold: `Arc<DynBackend>`, usually inside a
+/// [`Locker`](crate::Locker).
+pub type DynBackend = dyn LockBackend;
+
+/// What differs between backends, and nothing else.
+///
+/// Everything built from these primitives (validation, deadlines, waiting,
+/// renewal, guards, tracing) lives once in [`Locker`](crate::Locker).
+/// Implementations receive validated keys and TTLs, and freshly generated
+/// owner tokens. They must be cancellation-safe in the contract's sense: a
+/// dropped future may leave a grant behind, but never for longer than its TTL.
+#[async_trait]
+pub trait LockBackend: Send + Sync + Debug + 'static {
+    /// What this backend promises. Must not change over its lifetime.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// One attempt to grant `key` to `owner` for `ttl`. On contention returns
+    /// [`Error::Contended`](crate::Error::Contended), with the holder's
+    /// remaining TTL when known; never waits for the holder.
+    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant>;
+
+    /// Waits for the grant until `wait.until`. The default polls
+    /// [`try_acquire`](Self::try_acquire) with jittered backoff, woken early
+    /// by [`on_release`](Self::on_release). Backends that can wait in the
+    /// server (a queue, a blocking statement) override it; they set
+    /// [`Grant::sent_at`] to when the winning request was sent.
+    async fn acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration, wait: &Waiting) -> Result<Grant> {
+        crate::wait::poll_until_granted(self, key, owner, ttl, wait).await
+    }
+
+    /// Moves the grant's expiry to `ttl` from now, only if `lease` still holds
+    /// it; otherwise [`Error::Lost`](crate::Error::Lost). Never re-creates an
+    /// expired grant.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()>;
+
+    /// Deletes the grant only if it is still `lease`'s; otherwise
+    /// [`Error::Lost`](crate::Error::Lost), leaving the current holder alone.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Registers interest in the release of `key`, before an attempt, so that
+    /// a release between the attempt and the wait is not missed. Returns a
+    /// future that completes on a release message, or `None` when the
+    /// backend has no wake-ups (waiters then poll).
+    async fn on_release(&self, _key: &LockKey) -> Option<WakeUpFuture> {
+        None
+    }
+
+    /// A future that completes when the backend notices, before the next
+    /// renewal, that `lease` is gone (a keep-alive stream ending, the holding
+    /// connection dying). `None` when renewal is the only way to notice.
+    fn loss_signal(&self, _lease: &Lease) -> Option<LossFuture> {
+        None
+    }
+}

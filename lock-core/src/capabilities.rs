@@ -1,0 +1,254 @@
+//! What a backend promises, readable from code.
+//!
+//! The decision matrix, configuration checks and the conformance suite all
+//! read these values instead of asking for a backend by name.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A backend's promises and limits. Built with [`Capabilities::new`] and the
+/// `with_*` methods, so that new fields do not break backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Short backend name used in errors and traces: "redis", "etcd", ...
+    pub backend: &'static str,
+    /// What mutual exclusion rests on.
+    pub safety: SafetyModel,
+    /// What the fencing token guarantees, and on what.
+    pub fencing: Fencing,
+    /// How waiters learn that a lock was released.
+    pub wake_up: WakeUp,
+    /// Waiters are granted in the order they started waiting.
+    pub fifo_fair: bool,
+    /// A grant outlives the connection that made it (until its TTL). When
+    /// false, a dropped connection frees the lock at once (PostgreSQL).
+    pub lock_outlives_connection: bool,
+    /// How many servers may fail while locks keep working.
+    pub tolerated_server_failures: usize,
+    /// `try_acquire` reports the holder's remaining TTL on contention.
+    pub reports_remaining_ttl: bool,
+    /// Input limits.
+    pub limits: Limits,
+}
+
+impl Capabilities {
+    /// Capabilities with conservative defaults: no fencing guarantee, polling
+    /// only, not fair, no tolerated failures, default limits.
+    pub fn new(backend: &'static str, safety: SafetyModel) -> Self {
+        Capabilities {
+            backend,
+            safety,
+            fencing: Fencing { guarantee: FencingGuarantee::None, rests_on: Vec::new() },
+            wake_up: WakeUp::Polling,
+            fifo_fair: false,
+            lock_outlives_connection: true,
+            tolerated_server_failures: 0,
+            reports_remaining_ttl: false,
+            limits: Limits { backend, ..Limits::default() },
+        }
+    }
+
+    /// Sets the fencing guarantee and the assumptions it rests on.
+    pub fn with_fencing(mut self, guarantee: FencingGuarantee, rests_on: impl IntoIterator<Item = Assumption>) -> Self {
+        self.fencing = Fencing { guarantee, rests_on: rests_on.into_iter().collect() };
+        self
+    }
+
+    /// Sets the wake-up method.
+    pub fn with_wake_up(mut self, wake_up: WakeUp) -> Self {
+        self.wake_up = wake_up;
+        self
+    }
+
+    /// Declares FIFO fairness among waiters.
+    pub fn with_fifo_fairness(mut self, fair: bool) -> Self {
+        self.fifo_fair = fair;
+        self
+    }
+
+    /// Declares whether grants outlive the client's connection.
+    pub fn with_lock_outlives_connection(mut self, outlives: bool) -> Self {
+        self.lock_outlives_connection = outlives;
+        self
+    }
+
+    /// Declares how many servers may fail while locks keep working.
+    pub fn with_tolerated_server_failures(mut self, n: usize) -> Self {
+        self.tolerated_server_failures = n;
+        self
+    }
+
+    /// Declares that contention reports the holder's remaining TTL.
+    pub fn with_remaining_ttl(mut self, reports: bool) -> Self {
+        self.reports_remaining_ttl = reports;
+        self
+    }
+
+    /// Sets the limits (the backend name is kept).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = Limits { backend: self.backend, ..limits };
+        self
+    }
+}
+
+/// What mutual exclusion rests on, from weakest to strongest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum SafetyModel {
+    /// One process's memory: exact within the process, nothing across processes.
+    InProcess,
+    /// One server: a lock is lost or doubly granted if that server restarts
+    /// without its data or fails over to a replica that lagged.
+    SingleNode,
+    /// A majority of independent servers, under bounded clock drift, network
+    /// delay and process pauses (Redlock).
+    QuorumWithTimingAssumptions,
+    /// A consensus protocol (Raft): a majority of members agree on each grant.
+    Consensus,
+    /// A row lock inside an open database transaction: the holder's writes in
+    /// that transaction commit only while it holds the lock.
+    AcidTransaction,
+}
+
+impl fmt::Display for SafetyModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SafetyModel::InProcess => "in-process",
+            SafetyModel::SingleNode => "single node",
+            SafetyModel::QuorumWithTimingAssumptions => "quorum under timing assumptions",
+            SafetyModel::Consensus => "consensus",
+            SafetyModel::AcidTransaction => "ACID transaction",
+        })
+    }
+}
+
+/// The fencing promise: how far tokens can be trusted and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fencing {
+    /// The promise itself.
+    pub guarantee: FencingGuarantee,
+    /// What must hold for the promise to hold.
+    pub rests_on: Vec<Assumption>,
+}
+
+impl Fencing {
+    /// True when the promise rests on any clock or timing assumption.
+    pub fn rests_on_clocks(&self) -> bool {
+        self.rests_on.iter().any(|a| a.is_about_time())
+    }
+}
+
+/// How far fencing tokens can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FencingGuarantee {
+    /// For one key, every grant's token is strictly greater than every
+    /// earlier grant's, as long as the listed assumptions hold.
+    Strict,
+    /// Tokens are handed out but may repeat or go backwards.
+    None,
+}
+
+/// An assumption a promise rests on. Each has a plain-words description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Assumption {
+    /// The state lives in this process only; a restart starts over.
+    ProcessMemory,
+    /// The server's wall clock never steps backwards (tokens seeded from it
+    /// after a restart without persistence).
+    ServerClockNeverStepsBack,
+    /// Clocks of the servers advance at about the same rate as the client's
+    /// (bounded drift), so TTLs expire when both sides think they do.
+    BoundedClockDrift,
+    /// Network delays and process pauses are short compared to the TTL.
+    BoundedDelaysAndPauses,
+    /// A majority of the nodes keeps its data (counters) across restarts.
+    MajorityKeepsState,
+    /// A majority of the cluster's members is up and keeps its log.
+    ConsensusMajority,
+    /// The database keeps committed sequence values (WAL, fsync on).
+    DurableDatabase,
+}
+
+impl Assumption {
+    /// True when the assumption is about clocks or timing.
+    pub fn is_about_time(&self) -> bool {
+        matches!(
+            self,
+            Assumption::ServerClockNeverStepsBack | Assumption::BoundedClockDrift | Assumption::BoundedDelaysAndPauses
+        )
+    }
+}
+
+impl fmt::Display for Assumption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Assumption::ProcessMemory => "state lives in one process and starts over when it restarts",
+            Assumption::ServerClockNeverStepsBack => "the server's clock never steps backwards",
+            Assumption::BoundedClockDrift => "server and client clocks drift apart by less than the drift margin",
+            Assumption::BoundedDelaysAndPauses => "network delays and process pauses are short against the TTL",
+            Assumption::MajorityKeepsState => "a majority of the nodes keeps its data across restarts",
+            Assumption::ConsensusMajority => "a majority of the cluster's members is up and keeps its log",
+            Assumption::DurableDatabase => "the database keeps committed sequence values across crashes",
+        })
+    }
+}
+
+/// How waiters learn that a lock was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WakeUp {
+    /// No wake-up: waiters poll with jittered backoff.
+    Polling,
+    /// Within one process, by a notification.
+    InProcess,
+    /// A release message on a pub/sub channel (Redis), polling as backstop.
+    PubSub,
+    /// A watch on the key ahead in a queue (etcd).
+    Watch,
+    /// The server blocks the waiter until the lock is free (PostgreSQL).
+    ServerBlocking,
+}
+
+impl fmt::Display for WakeUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WakeUp::Polling => "polling",
+            WakeUp::InProcess => "in-process notification",
+            WakeUp::PubSub => "pub/sub release message",
+            WakeUp::Watch => "watch on the key ahead",
+            WakeUp::ServerBlocking => "blocking in the server",
+        })
+    }
+}
+
+/// Input limits of a backend. The contract's own maximums
+/// ([`MAX_KEY_BYTES`](crate::validate::MAX_KEY_BYTES),
+/// [`MAX_TTL`](crate::validate::MAX_TTL)) apply on top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Backend name, for error messages.
+    pub backend: &'static str,
+    /// Shortest TTL the backend honours.
+    pub min_ttl: Duration,
+    /// Longest TTL the backend accepts.
+    pub max_ttl: Duration,
+    /// TTLs must be whole multiples of this (1 ms, or 1 s for etcd).
+    pub ttl_granularity: Duration,
+    /// Longest key, in bytes of UTF-8.
+    pub max_key_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            backend: "unnamed",
+            min_ttl: Duration::from_millis(10),
+            max_ttl: crate::validate::MAX_TTL,
+            ttl_granularity: Duration::from_millis(1),
+            max_key_bytes: crate::validate::MAX_KEY_BYTES,
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Deadline arithmetic: how long a holder may trust its grant.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The margin subtracted from every TTL to allow for the server's clock
+/// running faster than the client's: `fraction * ttl + fixed`.
+///
+/// Default: 1 % of the TTL plus 2 ms, as in the Redlock paper's
+/// recommendation for clock drift.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DriftMargin {
+    /// Proportional part, as a fraction of the TTL (0.01 = 1 %).
+    pub fraction: f64,
+    /// Fixed part.
+    pub fixed: Duration,
+}
+
+impl Default for DriftMargin {
+    fn default() -> Self {
+        DriftMargin { fraction: 0.01, fixed: Duration::from_millis(2) }
+    }
+}
+
+impl DriftMargin {
+    /// The margin for a given TTL.
+    pub fn for_ttl(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.fraction.clamp(0.0, 1.0)) + self.fixed
+    }
+
+    /// The deadline of a grant whose request was sent at `sent_at`: the
+    /// server starts the TTL no earlier than it received the request, so
+    /// counting from the send time errs on the safe side.
+    pub fn deadline(&self, sent_at: Instant, ttl: Duration, extra: Duration) -> Instant {
+        let margin = self.for_ttl(ttl) + extra;
+        sent_at + ttl.saturating_sub(margin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_margin_is_one_percent_plus_two_ms() {
+        let m = DriftMargin::default();
+        assert_eq!(m.for_ttl(Duration::from_secs(10)), Duration::from_millis(102));
+    }
+
+    #[test]
+    fn deadline_counts_from_the_send_time() {
+        let m = DriftMargin::default();
+        let sent = Instant::now();
+        let d = m.deadline(sent, Duration::from_secs(1), Duration::from_millis(8));
+        assert_eq!(d - sent, Duration::from_millis(1000 - 12 - 8));
+    }
+}

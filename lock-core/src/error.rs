@@ -1,0 +1,184 @@
+//! The one error type of the lock contract.
+
+use std::time::Duration;
+
+/// A boxed error from a backend's own client library, kept as `source`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong with a lock, in kinds a caller can act on.
+///
+/// Backends map their client libraries' errors into these kinds; their own
+/// error types never appear in the public API (they are kept as `source`).
+/// No variant carries an owner token or a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another owner holds the lock. `remaining` is its remaining TTL when the
+    /// backend can tell. Returned by `try_acquire`; retry later or use `acquire`.
+    #[error("lock `{key}` is held by another owner{}", remaining_suffix(*.remaining))]
+    Contended {
+        /// The contended key.
+        key: String,
+        /// The holder's remaining TTL, when the backend reports it.
+        remaining: Option<Duration>,
+    },
+
+    /// `acquire` waited as long as it was allowed to and the lock stayed held.
+    #[error("gave up waiting for lock `{key}` after {waited:?}")]
+    TimedOut {
+        /// The key waited for.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The caller does not hold the lock (any more): it expired, was removed,
+    /// or belongs to someone else. Extend and release report this instead of
+    /// re-creating or deleting anything.
+    #[error("lock `{key}` is not held by this lease: {reason}")]
+    Lost {
+        /// The key of the lost lock.
+        key: String,
+        /// Why the lock is considered lost.
+        reason: LostReason,
+    },
+
+    /// The caller passed something the contract or the backend refuses.
+    /// `problem` names the value and the limit it broke.
+    #[error("invalid {field}: {problem}")]
+    InvalidInput {
+        /// The offending input: "key", "ttl", "url", ...
+        field: &'static str,
+        /// What was wrong, with the limit.
+        problem: String,
+    },
+
+    /// The backend could not be reached in time. Nothing was granted.
+    #[error("{backend} backend at {endpoint} is unavailable: {reason}")]
+    Unavailable {
+        /// Backend name, as in [`Capabilities::backend`](crate::Capabilities).
+        backend: &'static str,
+        /// Where it was looked for, without credentials.
+        endpoint: String,
+        /// What happened (timeout, refused, closed).
+        reason: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The server refused the credentials. The password is never included.
+    #[error("{backend} backend at {endpoint} refused authentication: {reason}")]
+    Auth {
+        /// Backend name.
+        backend: &'static str,
+        /// Where it was looked for, without credentials.
+        endpoint: String,
+        /// The server's reason, without secrets.
+        reason: String,
+    },
+
+    /// A configured limit of this client was reached (for example the number
+    /// of locks one PostgreSQL backend may hold at once, each pinning a
+    /// connection). Release something or raise the limit.
+    #[error("{what}: limit of {limit} reached")]
+    LimitReached {
+        /// What ran out.
+        what: String,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// The backend answered with an error that fits no other kind.
+    #[error("{backend} backend error: {message}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// What failed.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+fn remaining_suffix(remaining: Option<Duration>) -> String {
+    match remaining {
+        Some(d) => format!(" (expires in {d:?} unless renewed)"),
+        None => String::new(),
+    }
+}
+
+/// Why a lease no longer holds its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The backend has no grant for this owner: it expired, was deleted, or
+    /// another owner holds the key now.
+    NotHeld,
+    /// The lease's deadline passed on the client's clock before a renewal
+    /// succeeded, so the holder must assume another may hold it.
+    DeadlinePassed,
+    /// The connection that carried the grant died, and the backend frees
+    /// such grants (PostgreSQL, or a scripted fault).
+    ConnectionLost,
+    /// The lease was released.
+    Released,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::NotHeld => "the backend holds no grant for this owner (expired, removed, or taken over)",
+            LostReason::DeadlinePassed => "its deadline passed before a renewal succeeded",
+            LostReason::ConnectionLost => "the connection holding the grant was lost",
+            LostReason::Released => "it was released",
+        })
+    }
+}
+
+impl Error {
+    /// Builds an [`Error::InvalidInput`].
+    pub fn invalid(field: &'static str, problem: impl Into<String>) -> Self {
+        Error::InvalidInput { field, problem: problem.into() }
+    }
+
+    /// Builds an [`Error::Lost`].
+    pub fn lost(key: impl Into<String>, reason: LostReason) -> Self {
+        Error::Lost { key: key.into(), reason }
+    }
+
+    /// True for [`Error::Contended`].
+    pub fn is_contended(&self) -> bool {
+        matches!(self, Error::Contended { .. })
+    }
+
+    /// True for [`Error::TimedOut`].
+    pub fn is_timed_out(&self) -> bool {
+        matches!(self, Error::TimedOut { .. })
+    }
+
+    /// True for [`Error::Lost`].
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lost { .. })
+    }
+
+    /// True for [`Error::InvalidInput`].
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::InvalidInput { .. })
+    }
+
+    /// True for [`Error::Unavailable`].
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
+
+    /// True when trying again later may succeed without any change by the
+    /// caller: contention, a timeout while waiting, or an unreachable backend.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Contended { .. } | Error::TimedOut { .. } | Error::Unavailable { .. })
+    }
+}

@@ -1,0 +1,191 @@
+//! `LockGuard`: a held lock that renews itself and says when it is lost.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::{Error, FencingToken, Lease, LockKey, Locker, LossFuture, LostReason, Result};
+
+/// How to take and keep a lock with [`Locker::guard`] or [`Locker::with_lock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardOptions {
+    /// TTL of the grant, renewed before it runs out.
+    pub ttl: Duration,
+    /// How long to wait for the lock (zero: one attempt).
+    pub wait: Duration,
+    /// Renewal interval; `None` means a third of the TTL, which leaves two
+    /// more tries before the deadline if one renewal fails.
+    pub renew_every: Option<Duration>,
+}
+
+impl GuardOptions {
+    /// A guard with this TTL, no waiting, renewing every TTL/3.
+    pub fn new(ttl: Duration) -> Self {
+        GuardOptions { ttl, wait: Duration::ZERO, renew_every: None }
+    }
+
+    /// Waits up to `wait` for the lock.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Renews at this interval instead of TTL/3.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    pub(crate) fn renew_interval(&self) -> Duration {
+        self.renew_every.unwrap_or(self.ttl / 3).max(Duration::from_millis(1))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Status {
+    deadline: Instant,
+    lost: Option<LostReason>,
+}
+
+type ReleaseReply = oneshot::Sender<Result<()>>;
+
+/// A held lock, renewed in the background until released or dropped.
+///
+/// - [`fencing_token`](Self::fencing_token) and [`deadline`](Self::deadline)
+///   say what to pass to the resource and until when to trust the lock;
+/// - [`lost`](Self::lost) completes when renewal fails, the backend reports
+///   the grant gone, or the deadline passes without a renewal;
+/// - dropping the guard releases in the background: it never blocks and
+///   never panics, even outside a runtime (then the TTL frees the lock).
+#[derive(Debug)]
+pub struct LockGuard {
+    key: LockKey,
+    token: FencingToken,
+    status: watch::Receiver<Status>,
+    // Dropping this sender is the "release in the background" signal.
+    release: Option<oneshot::Sender<ReleaseReply>>,
+}
+
+impl LockGuard {
+    pub(crate) fn spawn(locker: Locker, lease: Lease, every: Duration) -> LockGuard {
+        let (status_tx, status) = watch::channel(Status { deadline: lease.deadline(), lost: None });
+        let (release, release_rx) = oneshot::channel();
+        let guard = LockGuard { key: lease.key().clone(), token: lease.fencing_token(), status, release: Some(release) };
+        tokio::spawn(keep_renewed(locker, lease, every, status_tx, release_rx));
+        guard
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The grant's fencing token (unchanged by renewals).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The current deadline; it moves forward with each renewal.
+    pub fn deadline(&self) -> Instant {
+        self.status.borrow().deadline
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.status.borrow().lost
+    }
+
+    /// Completes when the lock is lost. Can be awaited from another task, any
+    /// number of times; it does not borrow the guard.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut status = self.status.clone();
+        async move {
+            loop {
+                if let Some(reason) = status.borrow_and_update().lost {
+                    return reason;
+                }
+                if status.changed().await.is_err() {
+                    // The renewal task is gone without a verdict: the lock is not kept.
+                    return status.borrow().lost.unwrap_or(LostReason::Released);
+                }
+            }
+        }
+    }
+
+    /// Releases the lock now and reports the outcome.
+    pub async fn release(mut self) -> Result<()> {
+        let (reply, outcome) = oneshot::channel();
+        let sent = self.release.take().map(|tx| tx.send(reply).is_ok()).unwrap_or(false);
+        if sent && let Ok(result) = outcome.await {
+            return result;
+        }
+        let reason = self.status.borrow().lost.unwrap_or(LostReason::NotHeld);
+        Err(Error::lost(self.key.as_str(), reason))
+    }
+}
+
+/// The renewal task: renews every `every`, watches the backend's loss
+/// signal and the deadline, and releases when the guard says so or is dropped.
+async fn keep_renewed(
+    locker: Locker,
+    mut lease: Lease,
+    every: Duration,
+    status: watch::Sender<Status>,
+    mut release: oneshot::Receiver<ReleaseReply>,
+) {
+    let lose = |reason| status.send_modify(|s| s.lost = Some(reason));
+    let mut loss: LossFuture = locker.backend().loss_signal(&lease).unwrap_or_else(|| Box::pin(std::future::pending()));
+    let retry = (every / 4).max(Duration::from_millis(5));
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            biased;
+            asked = &mut release => {
+                let key = lease.key().clone();
+                let result = locker.release(lease).await;
+                lose(LostReason::Released);
+                match asked {
+                    Ok(reply) => { let _ = reply.send(result); }
+                    Err(_dropped) => if let Err(e) = result {
+                        tracing::debug!(%key, error = %e, "background release failed; the TTL frees the lock");
+                    },
+                }
+                return;
+            }
+            reason = &mut loss => {
+                lose(reason);
+                return;
+            }
+            () = sleep_until(lease.deadline()) => {
+                lose(LostReason::DeadlinePassed);
+                // The backend may still hold it (drift margin); free it for others.
+                let _ = locker.release(lease).await;
+                return;
+            }
+            () = sleep_until(next) => {
+                let ttl = lease.ttl();
+                match timeout_at(lease.deadline(), locker.extend(&mut lease, ttl)).await {
+                    Ok(Ok(())) => {
+                        status.send_modify(|s| s.deadline = lease.deadline());
+                        next = Instant::now() + every;
+                    }
+                    Ok(Err(Error::Lost { reason, .. })) => {
+                        lose(reason);
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(key = %lease.key(), error = %e, "renewal failed; retrying until the deadline");
+                        next = Instant::now() + retry;
+                    }
+                    Err(_deadline) => {
+                        lose(LostReason::DeadlinePassed);
+                        let _ = locker.release(lease).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod capabilities;
+mod deadline;
+mod error;
+mod fencing;
+mod guard;
+mod key;
+mod lease;
+mod locker;
+mod memory;
+mod owner;
+pub mod url;
+pub mod validate;
+pub mod wait;
+
+pub use backend::{DynBackend, LockBackend, LossFuture, WakeUpFuture};
+pub use capabilities::{Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, WakeUp};
+pub use deadline::DriftMargin;
+pub use error::{BoxError, Error, LostReason, Result};
+pub use fencing::{Fence, FencingToken, StaleToken};
+pub use guard::{GuardOptions, LockGuard};
+pub use key::LockKey;
+pub use lease::{Grant, Lease, LeaseState};
+pub use locker::{Locker, LockerOptions};
+pub use memory::MemoryBackend;
+pub use owner::{OwnerToken, Secret};
+pub use wait::{Backoff, Waiting};
+
+/// The trait's async methods are declared with this macro; backends use it too.
+pub use async_trait::async_trait;

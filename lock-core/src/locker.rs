@@ -1,0 +1,205 @@
+//! `Locker`: the handle users hold. Validation, deadlines, waiting, guards
+//! and tracing live here, once, over any backend.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{Instrument, debug_span, field};
+
+use crate::guard::{GuardOptions, LockGuard};
+use crate::{
+    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, Lease, LockBackend, LockKey, LostReason,
+    OwnerToken, Result, Waiting, validate,
+};
+
+/// Settings of a [`Locker`] that apply to every backend.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LockerOptions {
+    /// Margin subtracted from every TTL when computing deadlines.
+    pub drift: DriftMargin,
+    /// Delays between attempts while waiting.
+    pub backoff: Backoff,
+}
+
+/// A lock service over one backend: cheap to clone, safe to share.
+///
+/// ```
+/// # async fn demo() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{GuardOptions, Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let total = locker
+///     .with_lock("invoice/42", GuardOptions::new(Duration::from_secs(10)), |token| async move {
+///         // ... write to the protected resource, passing `token` along ...
+///         token.get()
+///     })
+///     .await?;
+/// # let _ = total; Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Locker {
+    backend: Arc<DynBackend>,
+    options: LockerOptions,
+}
+
+impl Locker {
+    /// A locker over `backend` with default options.
+    pub fn new(backend: impl LockBackend) -> Self {
+        Locker::from_arc(Arc::new(backend))
+    }
+
+    /// A locker over a shared backend.
+    pub fn from_arc(backend: Arc<DynBackend>) -> Self {
+        Locker { backend, options: LockerOptions::default() }
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: LockerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &LockerOptions {
+        &self.options
+    }
+
+    /// What the backend promises.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// The backend itself.
+    pub fn backend(&self) -> &Arc<DynBackend> {
+        &self.backend
+    }
+
+    /// Validates a key against this backend's limits.
+    pub fn key(&self, key: &str) -> Result<LockKey> {
+        validate::key(key, &self.capabilities().limits)
+    }
+
+    fn ttl(&self, ttl: Duration) -> Result<Duration> {
+        validate::ttl(ttl, &self.capabilities().limits, self.options.drift.for_ttl(ttl))
+    }
+
+    fn span(&self, op: &'static str, key: &str) -> tracing::Span {
+        debug_span!("lock", op, backend = self.capabilities().backend, key, fencing_token = field::Empty)
+    }
+
+    /// One attempt to take `key` for `ttl`. Returns the lease, or
+    /// [`Error::Contended`] (with the holder's remaining TTL when the backend
+    /// knows it) without waiting.
+    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease> {
+        let span = self.span("try_acquire", key);
+        async {
+            let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
+            let owner = OwnerToken::random();
+            let grant = crate::wait::attempt(&*self.backend, &key, &owner, ttl).await?;
+            self.lease_from(key, owner, ttl, grant).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Takes `key` for `ttl`, waiting up to `wait` for the holder to let go.
+    /// Gives up with [`Error::TimedOut`]. Dropping the future cancels the
+    /// wait; a grant won just before that lapses after its TTL at the latest.
+    pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Lease> {
+        let span = self.span("acquire", key);
+        async {
+            let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
+            let owner = OwnerToken::random();
+            let started = Instant::now();
+            let waiting = Waiting { started, until: started + wait, backoff: self.options.backoff };
+            let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
+            // Backends that wait in the server report when the winning request
+            // went out; otherwise the start of the wait is the safe bound.
+            grant.sent_at.get_or_insert(started);
+            self.lease_from(key, owner, ttl, grant).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Turns a grant into a lease, refusing one whose validity was used up
+    /// before the reply arrived (Redlock's "validity must be positive" rule,
+    /// applied to every backend).
+    async fn lease_from(&self, key: LockKey, owner: OwnerToken, ttl: Duration, grant: Grant) -> Result<Lease> {
+        let sent = grant.sent_at.unwrap_or_else(Instant::now);
+        let deadline = self.options.drift.deadline(sent, ttl, grant.extra_margin);
+        let lease = Lease::from_grant(key, owner, ttl, deadline, grant);
+        if !lease.is_within_deadline() {
+            let _ = self.backend.release(&lease).await;
+            return Err(Error::lost(lease.key().as_str(), LostReason::DeadlinePassed));
+        }
+        tracing::Span::current().record("fencing_token", lease.fencing_token().get());
+        Ok(lease)
+    }
+
+    /// Moves the lease's deadline to `ttl` from now, if it still holds the lock.
+    ///
+    /// A lease whose deadline has passed is reported lost without asking the
+    /// backend: the holder already had to assume it was gone, and renewing
+    /// would hide that gap.
+    pub async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
+        let span = self.span("extend", lease.key().as_str());
+        async {
+            let ttl = self.ttl(ttl)?;
+            if !lease.is_within_deadline() {
+                return Err(Error::lost(lease.key().as_str(), LostReason::DeadlinePassed));
+            }
+            let sent = Instant::now();
+            self.backend.extend(lease, ttl).await?;
+            lease.renewed(ttl, self.options.drift.deadline(sent, ttl, Duration::ZERO));
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Gives the lock up. Reports [`Error::Lost`] when the lease no longer
+    /// held it, in which case nothing was deleted.
+    pub async fn release(&self, lease: Lease) -> Result<()> {
+        let span = self.span("release", lease.key().as_str());
+        self.backend.release(&lease).instrument(span).await
+    }
+
+    /// Takes `key` (waiting up to `options.wait`) and keeps it renewed until
+    /// the guard is released or dropped. See [`LockGuard`].
+    pub async fn guard(&self, key: &str, options: GuardOptions) -> Result<LockGuard> {
+        let lease = self.acquire(key, options.ttl, options.wait).await?;
+        Ok(LockGuard::spawn(self.clone(), lease, options.renew_interval()))
+    }
+
+    /// Runs `work` while holding `key`, renewing as needed, then releases.
+    ///
+    /// `work` receives the fencing token to pass to the protected resource.
+    /// If the lock is lost before `work` finishes, `work` is cancelled
+    /// (dropped at its next await) and [`Error::Lost`] is returned.
+    pub async fn with_lock<F, Fut, T>(&self, key: &str, options: GuardOptions, work: F) -> Result<T>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.guard(key, options).await?;
+        let lost = guard.lost();
+        let output = tokio::select! {
+            biased;
+            reason = lost => return Err(Error::lost(key, reason)),
+            output = work(guard.fencing_token()) => output,
+        };
+        if Instant::now() >= guard.deadline() {
+            return Err(Error::lost(key, LostReason::DeadlinePassed));
+        }
+        if let Err(e) = guard.release().await {
+            // The work finished within the deadline, so its result stands; the
+            // TTL frees the lock if this release did not.
+            tracing::warn!(key, error = %e, "release after with_lock failed");
+        }
+        Ok(output)
+    }
+}

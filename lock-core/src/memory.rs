@@ -1,0 +1,257 @@
+//! The in-memory backend: the whole contract in one process, with faults a
+//! test can script. Swap it in for a real backend in your own tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, LockBackend, LockKey, LossFuture,
+    LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
+};
+
+/// Locks kept in this process's memory. Clones share the same locks.
+///
+/// Time is tokio's clock, so tests may use `tokio::time::pause()` and
+/// `advance()` to expire grants without waiting.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{Locker, MemoryBackend};
+///
+/// let memory = MemoryBackend::new();
+/// let locker = Locker::new(memory.clone());
+/// let lease = locker.try_acquire("job/7", Duration::from_secs(30)).await?;
+/// memory.expire_now("job/7"); // a scripted fault: the grant is gone
+/// assert!(locker.release(lease).await.unwrap_err().is_lost());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryBackend {
+    state: Arc<Mutex<State>>,
+    capabilities: Arc<Capabilities>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    slots: HashMap<String, Slot>,
+    /// One counter for all keys: strictly increasing per key as well.
+    last_token: u64,
+    failing_renewals: u32,
+    unavailable: bool,
+}
+
+#[derive(Debug)]
+struct Slot {
+    holder: Option<Holder>,
+    /// Bumped whenever a grant is removed: wakes waiters and loss signals.
+    removals: watch::Sender<Removal>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    owner: OwnerToken,
+    token: FencingToken,
+    expires_at: Instant,
+}
+
+/// The latest removal of a grant on a key: whose, and why.
+#[derive(Debug, Clone, Default)]
+struct Removal {
+    owner: Option<OwnerToken>,
+    reason: Option<LostReason>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot { holder: None, removals: watch::channel(Removal::default()).0 }
+    }
+
+    /// The holder, if its grant has not expired.
+    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires_at > now)
+    }
+
+    fn remove(&mut self, reason: LostReason) -> bool {
+        match self.holder.take() {
+            Some(h) => {
+                self.removals.send_replace(Removal { owner: Some(h.owner), reason: Some(reason) });
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty lock space.
+    pub fn new() -> Self {
+        let capabilities = Capabilities::new("memory", SafetyModel::InProcess)
+            .with_fencing(FencingGuarantee::Strict, [Assumption::ProcessMemory])
+            .with_wake_up(WakeUp::InProcess)
+            .with_remaining_ttl(true);
+        MemoryBackend { state: Arc::default(), capabilities: Arc::new(capabilities) }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the map half-updated
+        // (every update is a single insert or remove), so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unavailable(&self) -> Error {
+        Error::Unavailable {
+            backend: "memory",
+            endpoint: "memory://".into(),
+            reason: "made unavailable by a scripted fault".into(),
+            source: None,
+        }
+    }
+
+    // ---- scripted faults ------------------------------------------------
+
+    /// Fault: the grant on `key` expires now. Its holder's next renewal
+    /// fails as lost and its guard's `lost()` fires. Returns whether a grant existed.
+    pub fn expire_now(&self, key: &str) -> bool {
+        self.state().slots.get_mut(key).is_some_and(|s| s.remove(LostReason::NotHeld))
+    }
+
+    /// Fault: the holder of `key` vanishes as if its connection died; its
+    /// grant is removed and its guard reports [`LostReason::ConnectionLost`].
+    pub fn drop_holder(&self, key: &str) -> bool {
+        self.state().slots.get_mut(key).is_some_and(|s| s.remove(LostReason::ConnectionLost))
+    }
+
+    /// Fault: the next `n` renewals (on any key) fail as if the backend were
+    /// unreachable. A guard retries until its deadline, then reports lost.
+    pub fn fail_next_renewals(&self, n: u32) {
+        self.state().failing_renewals = n;
+    }
+
+    /// Fault: every operation fails as unreachable until set back to `false`.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.state().unavailable = unavailable;
+    }
+
+    // ---- inspection -----------------------------------------------------
+
+    /// The fencing token of the current holder of `key`, if any.
+    pub fn holder_token(&self, key: &str) -> Option<FencingToken> {
+        let now = Instant::now();
+        self.state().slots.get(key).and_then(|s| s.live_holder(now)).map(|h| h.token)
+    }
+
+    /// The keys currently held, with their remaining TTL, sorted by key.
+    pub fn held(&self) -> Vec<(String, Duration)> {
+        let now = Instant::now();
+        let mut held: Vec<_> = self
+            .state()
+            .slots
+            .iter()
+            .filter_map(|(k, s)| s.live_holder(now).map(|h| (k.clone(), h.expires_at - now)))
+            .collect();
+        held.sort();
+        held
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let token = FencingToken::new(state.last_token + 1);
+        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
+        if let Some(holder) = slot.live_holder(now) {
+            return Err(Error::Contended { key: key.to_string(), remaining: Some(holder.expires_at - now) });
+        }
+        slot.holder = Some(Holder { owner: owner.clone(), token, expires_at: now + ttl });
+        state.last_token = token.get();
+        Ok(Grant::new(token).sent_at(now))
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        if state.failing_renewals > 0 {
+            state.failing_renewals -= 1;
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let holder = state.slots.get_mut(lease.key().as_str()).and_then(|s| s.holder.as_mut());
+        match holder {
+            Some(h) if h.owner == *lease.owner() && h.expires_at > now => {
+                h.expires_at = now + ttl;
+                Ok(())
+            }
+            _ => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let key = lease.key().as_str();
+        let Some(slot) = state.slots.get_mut(key) else {
+            return Err(Error::lost(key, LostReason::NotHeld));
+        };
+        if !slot.live_holder(now).is_some_and(|h| h.owner == *lease.owner()) {
+            return Err(Error::lost(key, LostReason::NotHeld));
+        }
+        slot.remove(LostReason::Released);
+        if slot.removals.receiver_count() == 0 {
+            // Nobody waits on this key: forget it, so memory tracks held locks only.
+            state.slots.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {
+        let mut removals = self.state().slots.entry(key.to_string()).or_insert_with(Slot::new).removals.subscribe();
+        Some(Box::pin(async move {
+            let _ = removals.changed().await;
+        }))
+    }
+
+    fn loss_signal(&self, lease: &Lease) -> Option<LossFuture> {
+        let mut removals = self.state().slots.get(lease.key().as_str())?.removals.subscribe();
+        let owner = lease.owner().clone();
+        Some(Box::pin(async move {
+            loop {
+                if removals.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                let removal = removals.borrow_and_update().clone();
+                match removal.reason {
+                    // The holder's own release ends its guard through another path.
+                    Some(LostReason::Released) => {}
+                    Some(reason) if removal.owner.as_ref() == Some(&owner) => return reason,
+                    _ => {}
+                }
+            }
+        }))
+    }
+}

@@ -1,0 +1,230 @@
+//! Backend URLs: parsing multi-host URLs and printing any URL without its password.
+//!
+//! `redlock://h1:6379,h2:6379,h3:6379`, `etcd://h1:2379,h2:2379` and
+//! `redis+cluster://h1,h2` name several servers in one URL, which standard
+//! URL parsers reject. [`ServerUrl`] parses them: each comma-separated host
+//! is parsed as its own URL authority, so ports, IPv6 brackets and
+//! percent-encoded credentials behave as usual.
+
+use std::fmt;
+
+use crate::{Error, Result, Secret};
+
+/// One server of a [`ServerUrl`], with its credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// Port, if given.
+    pub port: Option<u16>,
+    /// User name, if given (percent-decoded).
+    pub username: Option<String>,
+    /// Password, if given (percent-decoded, never printed).
+    pub password: Option<Secret>,
+}
+
+impl Server {
+    /// `host:port` (with brackets for IPv6), using `default_port` when none was given.
+    pub fn address(&self, default_port: u16) -> String {
+        let port = self.port.unwrap_or(default_port);
+        if self.host.contains(':') { format!("[{}]:{port}", self.host) } else { format!("{}:{port}", self.host) }
+    }
+}
+
+/// A backend URL naming one or more servers:
+/// `scheme://[user[:password]@]host[:port][,[user[:password]@]host[:port]...][/path][?query]`.
+///
+/// Credentials given on the first server apply to every server that names
+/// none of its own, so `redlock://:secret@a,b,c` uses one password for all.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServerUrl {
+    /// The scheme, lower-case ("redlock", "etcd", ...).
+    pub scheme: String,
+    /// The servers, in the order given.
+    pub servers: Vec<Server>,
+    /// The path without its leading `/` ("" when none).
+    pub path: String,
+    /// Query parameters, percent-decoded, in order.
+    pub query: Vec<(String, String)>,
+}
+
+impl ServerUrl {
+    /// Parses a URL with one or more comma-separated servers.
+    pub fn parse(input: &str) -> Result<ServerUrl> {
+        let bad = |problem: String| Error::invalid("url", format!("{}: {problem}", redact(input)));
+        let (scheme, rest) = input
+            .split_once("://")
+            .ok_or_else(|| bad("expected scheme://host[:port][,host[:port]...]".into()))?;
+        if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
+            return Err(bad(format!("`{scheme}` is not a valid scheme")));
+        }
+        let scheme = scheme.to_ascii_lowercase();
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        if authority.is_empty() {
+            return Err(bad("no server given".into()));
+        }
+        let mut servers = Vec::new();
+        for (i, part) in authority.split(',').enumerate() {
+            if part.is_empty() {
+                return Err(bad(format!("server #{} is empty (stray comma?)", i + 1)));
+            }
+            // Parse each server as the authority of its own URL so the url
+            // crate validates hosts, ports and percent-encoding for us.
+            let one = url::Url::parse(&format!("{scheme}://{part}/"))
+                .map_err(|e| bad(format!("server #{} is not host[:port]: {e}", i + 1)))?;
+            let host = match one.host() {
+                Some(url::Host::Ipv6(ip)) => ip.to_string(),
+                Some(h) => h.to_string(),
+                None => return Err(bad(format!("server #{} has no host", i + 1))),
+            };
+            let username = Some(decode(one.username())).filter(|u| !u.is_empty());
+            let password = one.password().map(|p| Secret::new(decode(p)));
+            servers.push(Server { host, port: one.port(), username, password });
+        }
+        if let Some(first) = servers.first().cloned() {
+            for s in servers.iter_mut().skip(1) {
+                if s.username.is_none() && s.password.is_none() {
+                    s.username = first.username.clone();
+                    s.password = first.password.clone();
+                }
+            }
+        }
+        let parsed_tail = url::Url::parse(&format!("x://h{tail}")).map_err(|e| bad(format!("bad path or query: {e}")))?;
+        let path = parsed_tail.path().trim_start_matches('/').to_owned();
+        let query = parsed_tail.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+        Ok(ServerUrl { scheme, servers, path, query })
+    }
+
+    /// The value of a query parameter, if present (the last one wins).
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.query.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Parses a query parameter as a number of milliseconds.
+    pub fn millis_param(&self, name: &str) -> Result<Option<std::time::Duration>> {
+        match self.param(name) {
+            None => Ok(None),
+            Some(v) => v.parse::<u64>().map(|ms| Some(std::time::Duration::from_millis(ms))).map_err(|_| {
+                Error::invalid("url", format!("{}: parameter `{name}` must be a whole number of milliseconds, got `{v}`", self))
+            }),
+        }
+    }
+}
+
+/// Prints the URL without passwords.
+impl fmt::Display for ServerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://", self.scheme)?;
+        for (i, s) in self.servers.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if let Some(u) = &s.username {
+                write!(f, "{u}@")?;
+            }
+            match s.port {
+                Some(p) => f.write_str(&s.address(p))?,
+                None if s.host.contains(':') => write!(f, "[{}]", s.host)?,
+                None => f.write_str(&s.host)?,
+            }
+        }
+        if !self.path.is_empty() {
+            write!(f, "/{}", self.path)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ServerUrl({self})")
+    }
+}
+
+/// A URL fit for logs and errors: the password (anything between `:` and
+/// `@` in each server's user info) is replaced by `***`, and the query is
+/// dropped, since query options may carry secrets too.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let path = tail.split(['?', '#']).next().unwrap_or("");
+    let servers: Vec<String> = authority
+        .split(',')
+        .map(|part| match part.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{user}:***@{host}"),
+                None => format!("{userinfo}@{host}"),
+            },
+            None => part.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{}{path}", servers.join(","))
+}
+
+fn decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={s}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_several_servers_with_shared_credentials() {
+        let u = ServerUrl::parse("redlock://app:s3cr%40t@10.0.0.1:7001,[::1]:7002,host-c?timeout_ms=50").unwrap();
+        assert_eq!(u.scheme, "redlock");
+        assert_eq!(u.servers.len(), 3);
+        assert_eq!(u.servers[0].address(6379), "10.0.0.1:7001");
+        assert_eq!(u.servers[1].address(6379), "[::1]:7002");
+        assert_eq!(u.servers[2].address(6379), "host-c:6379");
+        assert_eq!(u.servers[2].username.as_deref(), Some("app"));
+        assert_eq!(u.servers[2].password.as_ref().map(Secret::expose), Some("s3cr@t"));
+        assert_eq!(u.millis_param("timeout_ms").unwrap(), Some(std::time::Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn per_server_credentials_win() {
+        let u = ServerUrl::parse("redlock://:a@h1:1,:b@h2:2/3").unwrap();
+        assert_eq!(u.servers[1].password.as_ref().unwrap().expose(), "b");
+        assert_eq!(u.path, "3");
+    }
+
+    #[test]
+    fn display_and_errors_never_show_the_password() {
+        let u = ServerUrl::parse("etcd://root:hunter2@h1:2379,h2:2379").unwrap();
+        assert_eq!(u.to_string(), "etcd://root@h1:2379,root@h2:2379");
+        assert!(!format!("{u:?}").contains("hunter2"));
+        let err = ServerUrl::parse("etcd://root:hunter2@h1:99999").unwrap_err().to_string();
+        assert!(!err.contains("hunter2") && err.contains("server #1"), "{err}");
+    }
+
+    #[test]
+    fn malformed_urls_are_refused_with_the_reason() {
+        for (input, expect) in [
+            ("h1:6379", "expected scheme://"),
+            ("redlock://", "no server"),
+            ("redlock://a:1,,b:2", "server #2 is empty"),
+            ("redlock://a:notaport", "server #1"),
+            ("redlock://a:1?timeout_ms=x", ""),
+        ] {
+            match ServerUrl::parse(input) {
+                Err(e) => assert!(e.to_string().contains(expect), "{input}: {e}"),
+                Ok(u) => assert!(u.millis_param("timeout_ms").is_err(), "{input} parsed"),
+            }
+        }
+    }
+
+    #[test]
+    fn redact_hides_passwords_and_query() {
+        assert_eq!(redact("postgres://u:pw@h:5432/db?password=pw"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact("redlock://:a@h1,:b@h2"), "redlock://:***@h1,:***@h2");
+        assert_eq!(redact("garbage"), "<not a URL>");
+    }
+}

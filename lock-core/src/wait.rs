@@ -1,0 +1,128 @@
+//! Waiting for a lock: jittered exponential backoff, woken early by the
+//! backend's release messages where it has them.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{Error, Grant, LockBackend, LockKey, OwnerToken, Result};
+
+/// How long to sleep between attempts while waiting: exponential from
+/// `initial` to `max`, each delay drawn at random from its upper half so
+/// that waiters do not retry in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first delay.
+    pub initial: Duration,
+    /// The largest delay. With wake-ups this is only the backstop for a
+    /// missed message, so it may be long.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { initial: Duration::from_millis(5), max: Duration::from_millis(250) }
+    }
+}
+
+impl Backoff {
+    /// The delay before attempt number `attempt + 1`.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let ceiling = self.initial.saturating_mul(1u32 << attempt.min(16)).min(self.max);
+        let half = ceiling / 2;
+        // Random in [half, ceiling]: "equal jitter".
+        let spread = half.as_nanos().min(u64::MAX as u128) as u64;
+        let jitter = if spread == 0 { 0 } else { getrandom::u64().unwrap_or(0) % (spread + 1) };
+        half + Duration::from_nanos(jitter)
+    }
+}
+
+/// A wait in progress: when it started, when it must give up, how to back off.
+#[derive(Debug, Clone, Copy)]
+pub struct Waiting {
+    /// When the caller started waiting.
+    pub started: Instant,
+    /// When to give up with [`Error::TimedOut`].
+    pub until: Instant,
+    /// Delays between polls.
+    pub backoff: Backoff,
+}
+
+impl Waiting {
+    /// The error for a wait that ran out.
+    pub fn timed_out(&self, key: &LockKey) -> Error {
+        Error::TimedOut { key: key.to_string(), waited: self.started.elapsed() }
+    }
+}
+
+/// One attempt, stamped with the instant before it was sent.
+pub(crate) async fn attempt<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<Grant> {
+    let sent = Instant::now();
+    let mut grant = backend.try_acquire(key, owner, ttl).await?;
+    grant.sent_at.get_or_insert(sent);
+    Ok(grant)
+}
+
+/// The default waiting strategy: subscribe to release messages, attempt,
+/// and on contention sleep until a message, the backoff delay, the holder's
+/// reported expiry or the end of the wait, whichever comes first.
+///
+/// An unreachable backend is retried like contention until the wait ends;
+/// the last such error is returned then, since it says more than "timed out".
+pub async fn poll_until_granted<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+    wait: &Waiting,
+) -> Result<Grant> {
+    let mut tries: u32 = 0;
+    loop {
+        // Subscribe first: a release between the attempt and the sleep still wakes us.
+        let wake_up = backend.on_release(key).await;
+        let (hint, last_error) = match attempt(backend, key, owner, ttl).await {
+            Ok(grant) => return Ok(grant),
+            Err(Error::Contended { remaining, .. }) => (remaining, None),
+            Err(e @ Error::Unavailable { .. }) => (None, Some(e)),
+            Err(e) => return Err(e),
+        };
+        let now = Instant::now();
+        if now >= wait.until {
+            return Err(last_error.unwrap_or_else(|| wait.timed_out(key)));
+        }
+        let mut delay = wait.backoff.delay(tries).min(wait.until - now);
+        if let Some(remaining) = hint {
+            // The holder's grant ends by then unless renewed; 1 ms covers rounding.
+            delay = delay.min(remaining + Duration::from_millis(1));
+        }
+        match wake_up {
+            Some(woken) => {
+                let _ = tokio::time::timeout(delay, woken).await;
+            }
+            None => tokio::time::sleep(delay).await,
+        }
+        tries = tries.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_stays_in_bounds_and_jitters() {
+        let b = Backoff { initial: Duration::from_millis(4), max: Duration::from_millis(100) };
+        for attempt in 0..40 {
+            let ceiling = Duration::from_millis(4).saturating_mul(1 << attempt.min(16)).min(b.max);
+            let d = b.delay(attempt);
+            assert!(d >= ceiling / 2 && d <= ceiling, "attempt {attempt}: {d:?} outside [{:?}, {ceiling:?}]", ceiling / 2);
+        }
+        let distinct: std::collections::HashSet<_> = (0..20).map(|_| b.delay(10)).collect();
+        assert!(distinct.len() > 1, "no jitter");
+    }
+}
