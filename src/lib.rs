@@ -26,7 +26,11 @@ const SCHEMES: &[(&str, &str, bool)] = &[
 
 /// The URL schemes this build can connect to.
 pub fn available_schemes() -> Vec<&'static str> {
-    SCHEMES.iter().filter(|(_, _, on)| *on).map(|(s, _, _)| *s).collect()
+    SCHEMES
+        .iter()
+        .filter(|(_, _, on)| *on)
+        .map(|(s, _, _)| *s)
+        .collect()
 }
 
 /// Connects to the backend the URL names and returns a [`Locker`] over it.
@@ -42,7 +46,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(Error::invalid(
             "url",
-            format!("{redacted}: expected scheme://..., with a scheme among {}", available_schemes().join(", ")),
+            format!(
+                "{redacted}: expected scheme://..., with a scheme among {}",
+                available_schemes().join(", ")
+            ),
         ));
     };
     let scheme = scheme.to_ascii_lowercase();
@@ -75,8 +82,14 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_scheme_lists_the_available_ones() {
-        let err = connect("zookeeper://u:pw@h:2181").await.unwrap_err().to_string();
-        assert!(err.contains("unknown scheme `zookeeper`") && err.contains("memory"), "{err}");
+        let err = connect("zookeeper://u:pw@h:2181")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown scheme `zookeeper`") && err.contains("memory"),
+            "{err}"
+        );
         assert!(!err.contains("pw@"), "{err}");
     }
 

@@ -41,7 +41,13 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// by [`on_release`](Self::on_release). Backends that can wait in the
     /// server (a queue, a blocking statement) override it; they set
     /// [`Grant::sent_at`] to when the winning request was sent.
-    async fn acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration, wait: &Waiting) -> Result<Grant> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        wait: &Waiting,
+    ) -> Result<Grant> {
         crate::wait::poll_until_granted(self, key, owner, ttl, wait).await
     }
 

@@ -39,19 +39,32 @@ impl Capabilities {
         Capabilities {
             backend,
             safety,
-            fencing: Fencing { guarantee: FencingGuarantee::None, rests_on: Vec::new() },
+            fencing: Fencing {
+                guarantee: FencingGuarantee::None,
+                rests_on: Vec::new(),
+            },
             wake_up: WakeUp::Polling,
             fifo_fair: false,
             lock_outlives_connection: true,
             tolerated_server_failures: 0,
             reports_remaining_ttl: false,
-            limits: Limits { backend, ..Limits::default() },
+            limits: Limits {
+                backend,
+                ..Limits::default()
+            },
         }
     }
 
     /// Sets the fencing guarantee and the assumptions it rests on.
-    pub fn with_fencing(mut self, guarantee: FencingGuarantee, rests_on: impl IntoIterator<Item = Assumption>) -> Self {
-        self.fencing = Fencing { guarantee, rests_on: rests_on.into_iter().collect() };
+    pub fn with_fencing(
+        mut self,
+        guarantee: FencingGuarantee,
+        rests_on: impl IntoIterator<Item = Assumption>,
+    ) -> Self {
+        self.fencing = Fencing {
+            guarantee,
+            rests_on: rests_on.into_iter().collect(),
+        };
         self
     }
 
@@ -87,7 +100,10 @@ impl Capabilities {
 
     /// Sets the limits (the backend name is kept).
     pub fn with_limits(mut self, limits: Limits) -> Self {
-        self.limits = Limits { backend: self.backend, ..limits };
+        self.limits = Limits {
+            backend: self.backend,
+            ..limits
+        };
         self
     }
 }
@@ -177,7 +193,9 @@ impl Assumption {
     pub fn is_about_time(&self) -> bool {
         matches!(
             self,
-            Assumption::ServerClockNeverStepsBack | Assumption::BoundedClockDrift | Assumption::BoundedDelaysAndPauses
+            Assumption::ServerClockNeverStepsBack
+                | Assumption::BoundedClockDrift
+                | Assumption::BoundedDelaysAndPauses
         )
     }
 }
@@ -185,13 +203,25 @@ impl Assumption {
 impl fmt::Display for Assumption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Assumption::ProcessMemory => "state lives in one process and starts over when it restarts",
+            Assumption::ProcessMemory => {
+                "state lives in one process and starts over when it restarts"
+            }
             Assumption::ServerClockNeverStepsBack => "the server's clock never steps backwards",
-            Assumption::BoundedClockDrift => "server and client clocks drift apart by less than the drift margin",
-            Assumption::BoundedDelaysAndPauses => "network delays and process pauses are short against the TTL",
-            Assumption::MajorityKeepsState => "a majority of the nodes keeps its data across restarts",
-            Assumption::ConsensusMajority => "a majority of the cluster's members is up and keeps its log",
-            Assumption::DurableDatabase => "the database keeps committed sequence values across crashes",
+            Assumption::BoundedClockDrift => {
+                "server and client clocks drift apart by less than the drift margin"
+            }
+            Assumption::BoundedDelaysAndPauses => {
+                "network delays and process pauses are short against the TTL"
+            }
+            Assumption::MajorityKeepsState => {
+                "a majority of the nodes keeps its data across restarts"
+            }
+            Assumption::ConsensusMajority => {
+                "a majority of the cluster's members is up and keeps its log"
+            }
+            Assumption::DurableDatabase => {
+                "the database keeps committed sequence values across crashes"
+            }
         })
     }
 }

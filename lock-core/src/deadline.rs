@@ -19,7 +19,10 @@ pub struct DriftMargin {
 
 impl Default for DriftMargin {
     fn default() -> Self {
-        DriftMargin { fraction: 0.01, fixed: Duration::from_millis(2) }
+        DriftMargin {
+            fraction: 0.01,
+            fixed: Duration::from_millis(2),
+        }
     }
 }
 
@@ -45,7 +48,10 @@ mod tests {
     #[test]
     fn default_margin_is_one_percent_plus_two_ms() {
         let m = DriftMargin::default();
-        assert_eq!(m.for_ttl(Duration::from_secs(10)), Duration::from_millis(102));
+        assert_eq!(
+            m.for_ttl(Duration::from_secs(10)),
+            Duration::from_millis(102)
+        );
     }
 
     #[test]

@@ -132,7 +132,9 @@ pub enum LostReason {
 impl std::fmt::Display for LostReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            LostReason::NotHeld => "the backend holds no grant for this owner (expired, removed, or taken over)",
+            LostReason::NotHeld => {
+                "the backend holds no grant for this owner (expired, removed, or taken over)"
+            }
             LostReason::DeadlinePassed => "its deadline passed before a renewal succeeded",
             LostReason::ConnectionLost => "the connection holding the grant was lost",
             LostReason::Released => "it was released",
@@ -143,12 +145,18 @@ impl std::fmt::Display for LostReason {
 impl Error {
     /// Builds an [`Error::InvalidInput`].
     pub fn invalid(field: &'static str, problem: impl Into<String>) -> Self {
-        Error::InvalidInput { field, problem: problem.into() }
+        Error::InvalidInput {
+            field,
+            problem: problem.into(),
+        }
     }
 
     /// Builds an [`Error::Lost`].
     pub fn lost(key: impl Into<String>, reason: LostReason) -> Self {
-        Error::Lost { key: key.into(), reason }
+        Error::Lost {
+            key: key.into(),
+            reason,
+        }
     }
 
     /// True for [`Error::Contended`].
@@ -179,6 +187,9 @@ impl Error {
     /// True when trying again later may succeed without any change by the
     /// caller: contention, a timeout while waiting, or an unreachable backend.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Contended { .. } | Error::TimedOut { .. } | Error::Unavailable { .. })
+        matches!(
+            self,
+            Error::Contended { .. } | Error::TimedOut { .. } | Error::Unavailable { .. }
+        )
     }
 }

@@ -82,7 +82,10 @@ impl Fence {
     pub fn admit(&self, token: FencingToken) -> Result<(), StaleToken> {
         let previous = self.highest.fetch_max(token.get(), Ordering::AcqRel);
         if token.get() < previous {
-            return Err(StaleToken { offered: token, highest: FencingToken(previous) });
+            return Err(StaleToken {
+                offered: token,
+                highest: FencingToken(previous),
+            });
         }
         Ok(())
     }

@@ -23,7 +23,11 @@ pub struct GuardOptions {
 impl GuardOptions {
     /// A guard with this TTL, no waiting, renewing every TTL/3.
     pub fn new(ttl: Duration) -> Self {
-        GuardOptions { ttl, wait: Duration::ZERO, renew_every: None }
+        GuardOptions {
+            ttl,
+            wait: Duration::ZERO,
+            renew_every: None,
+        }
     }
 
     /// Waits up to `wait` for the lock.
@@ -39,7 +43,9 @@ impl GuardOptions {
     }
 
     pub(crate) fn renew_interval(&self) -> Duration {
-        self.renew_every.unwrap_or(self.ttl / 3).max(Duration::from_millis(1))
+        self.renew_every
+            .unwrap_or(self.ttl / 3)
+            .max(Duration::from_millis(1))
     }
 }
 
@@ -70,9 +76,17 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn spawn(locker: Locker, lease: Lease, every: Duration) -> LockGuard {
-        let (status_tx, status) = watch::channel(Status { deadline: lease.deadline(), lost: None });
+        let (status_tx, status) = watch::channel(Status {
+            deadline: lease.deadline(),
+            lost: None,
+        });
         let (release, release_rx) = oneshot::channel();
-        let guard = LockGuard { key: lease.key().clone(), token: lease.fencing_token(), status, release: Some(release) };
+        let guard = LockGuard {
+            key: lease.key().clone(),
+            token: lease.fencing_token(),
+            status,
+            release: Some(release),
+        };
         tokio::spawn(keep_renewed(locker, lease, every, status_tx, release_rx));
         guard
     }
@@ -117,7 +131,11 @@ impl LockGuard {
     /// Releases the lock now and reports the outcome.
     pub async fn release(mut self) -> Result<()> {
         let (reply, outcome) = oneshot::channel();
-        let sent = self.release.take().map(|tx| tx.send(reply).is_ok()).unwrap_or(false);
+        let sent = self
+            .release
+            .take()
+            .map(|tx| tx.send(reply).is_ok())
+            .unwrap_or(false);
         if sent && let Ok(result) = outcome.await {
             return result;
         }
@@ -136,7 +154,10 @@ async fn keep_renewed(
     mut release: oneshot::Receiver<ReleaseReply>,
 ) {
     let lose = |reason| status.send_modify(|s| s.lost = Some(reason));
-    let mut loss: LossFuture = locker.backend().loss_signal(&lease).unwrap_or_else(|| Box::pin(std::future::pending()));
+    let mut loss: LossFuture = locker
+        .backend()
+        .loss_signal(&lease)
+        .unwrap_or_else(|| Box::pin(std::future::pending()));
     let retry = (every / 4).max(Duration::from_millis(5));
     let mut next = Instant::now() + every;
     loop {

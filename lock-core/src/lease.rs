@@ -32,7 +32,12 @@ pub struct Grant {
 impl Grant {
     /// A grant with only a token.
     pub fn new(token: FencingToken) -> Self {
-        Grant { token, sent_at: None, extra_margin: Duration::ZERO, state: None }
+        Grant {
+            token,
+            sent_at: None,
+            extra_margin: Duration::ZERO,
+            state: None,
+        }
     }
 
     /// Records when the winning request was sent.
@@ -56,7 +61,10 @@ impl Grant {
 
 impl std::fmt::Debug for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grant").field("token", &self.token).field("sent_at", &self.sent_at).finish_non_exhaustive()
+        f.debug_struct("Grant")
+            .field("token", &self.token)
+            .field("sent_at", &self.sent_at)
+            .finish_non_exhaustive()
     }
 }
 
@@ -80,12 +88,38 @@ impl Lease {
     /// Assembles a lease from its parts. Backends never need this (the
     /// contract layer builds leases); tools that keep a lease across
     /// processes do. A lease with a wrong owner token can do nothing.
-    pub fn from_parts(key: LockKey, owner: OwnerToken, token: FencingToken, ttl: Duration, deadline: Instant) -> Self {
-        Lease { key, owner, token, ttl, deadline, state: None }
+    pub fn from_parts(
+        key: LockKey,
+        owner: OwnerToken,
+        token: FencingToken,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Self {
+        Lease {
+            key,
+            owner,
+            token,
+            ttl,
+            deadline,
+            state: None,
+        }
     }
 
-    pub(crate) fn from_grant(key: LockKey, owner: OwnerToken, ttl: Duration, deadline: Instant, grant: Grant) -> Self {
-        Lease { key, owner, token: grant.token, ttl, deadline, state: grant.state }
+    pub(crate) fn from_grant(
+        key: LockKey,
+        owner: OwnerToken,
+        ttl: Duration,
+        deadline: Instant,
+        grant: Grant,
+    ) -> Self {
+        Lease {
+            key,
+            owner,
+            token: grant.token,
+            ttl,
+            deadline,
+            state: grant.state,
+        }
     }
 
     /// The lock's key.

@@ -16,7 +16,9 @@ pub mod validate;
 pub mod wait;
 
 pub use backend::{DynBackend, LockBackend, LossFuture, WakeUpFuture};
-pub use capabilities::{Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, WakeUp};
+pub use capabilities::{
+    Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, WakeUp,
+};
 pub use deadline::DriftMargin;
 pub use error::{BoxError, Error, LostReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};

@@ -10,8 +10,8 @@ use tracing::{Instrument, debug_span, field};
 
 use crate::guard::{GuardOptions, LockGuard};
 use crate::{
-    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, Lease, LockBackend, LockKey, LostReason,
-    OwnerToken, Result, Waiting, validate,
+    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, Lease, LockBackend,
+    LockKey, LostReason, OwnerToken, Result, Waiting, validate,
 };
 
 /// Settings of a [`Locker`] that apply to every backend.
@@ -53,7 +53,10 @@ impl Locker {
 
     /// A locker over a shared backend.
     pub fn from_arc(backend: Arc<DynBackend>) -> Self {
-        Locker { backend, options: LockerOptions::default() }
+        Locker {
+            backend,
+            options: LockerOptions::default(),
+        }
     }
 
     /// Replaces the options.
@@ -83,11 +86,21 @@ impl Locker {
     }
 
     fn ttl(&self, ttl: Duration) -> Result<Duration> {
-        validate::ttl(ttl, &self.capabilities().limits, self.options.drift.for_ttl(ttl))
+        validate::ttl(
+            ttl,
+            &self.capabilities().limits,
+            self.options.drift.for_ttl(ttl),
+        )
     }
 
     fn span(&self, op: &'static str, key: &str) -> tracing::Span {
-        debug_span!("lock", op, backend = self.capabilities().backend, key, fencing_token = field::Empty)
+        debug_span!(
+            "lock",
+            op,
+            backend = self.capabilities().backend,
+            key,
+            fencing_token = field::Empty
+        )
     }
 
     /// One attempt to take `key` for `ttl`. Returns the lease, or
@@ -114,7 +127,11 @@ impl Locker {
             let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
             let owner = OwnerToken::random();
             let started = Instant::now();
-            let waiting = Waiting { started, until: started + wait, backoff: self.options.backoff };
+            let waiting = Waiting {
+                started,
+                until: started + wait,
+                backoff: self.options.backoff,
+            };
             let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
             // Backends that wait in the server report when the winning request
             // went out; otherwise the start of the wait is the safe bound.
@@ -128,13 +145,22 @@ impl Locker {
     /// Turns a grant into a lease, refusing one whose validity was used up
     /// before the reply arrived (Redlock's "validity must be positive" rule,
     /// applied to every backend).
-    async fn lease_from(&self, key: LockKey, owner: OwnerToken, ttl: Duration, grant: Grant) -> Result<Lease> {
+    async fn lease_from(
+        &self,
+        key: LockKey,
+        owner: OwnerToken,
+        ttl: Duration,
+        grant: Grant,
+    ) -> Result<Lease> {
         let sent = grant.sent_at.unwrap_or_else(Instant::now);
         let deadline = self.options.drift.deadline(sent, ttl, grant.extra_margin);
         let lease = Lease::from_grant(key, owner, ttl, deadline, grant);
         if !lease.is_within_deadline() {
             let _ = self.backend.release(&lease).await;
-            return Err(Error::lost(lease.key().as_str(), LostReason::DeadlinePassed));
+            return Err(Error::lost(
+                lease.key().as_str(),
+                LostReason::DeadlinePassed,
+            ));
         }
         tracing::Span::current().record("fencing_token", lease.fencing_token().get());
         Ok(lease)
@@ -150,7 +176,10 @@ impl Locker {
         async {
             let ttl = self.ttl(ttl)?;
             if !lease.is_within_deadline() {
-                return Err(Error::lost(lease.key().as_str(), LostReason::DeadlinePassed));
+                return Err(Error::lost(
+                    lease.key().as_str(),
+                    LostReason::DeadlinePassed,
+                ));
             }
             let sent = Instant::now();
             self.backend.extend(lease, ttl).await?;
@@ -172,7 +201,11 @@ impl Locker {
     /// the guard is released or dropped. See [`LockGuard`].
     pub async fn guard(&self, key: &str, options: GuardOptions) -> Result<LockGuard> {
         let lease = self.acquire(key, options.ttl, options.wait).await?;
-        Ok(LockGuard::spawn(self.clone(), lease, options.renew_interval()))
+        Ok(LockGuard::spawn(
+            self.clone(),
+            lease,
+            options.renew_interval(),
+        ))
     }
 
     /// Runs `work` while holding `key`, renewing as needed, then releases.

@@ -10,8 +10,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, LockBackend, LockKey, LossFuture,
-    LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, LockBackend,
+    LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
 };
 
 /// Locks kept in this process's memory. Clones share the same locks.
@@ -69,7 +69,10 @@ struct Removal {
 
 impl Slot {
     fn new() -> Self {
-        Slot { holder: None, removals: watch::channel(Removal::default()).0 }
+        Slot {
+            holder: None,
+            removals: watch::channel(Removal::default()).0,
+        }
     }
 
     /// The holder, if its grant has not expired.
@@ -80,7 +83,10 @@ impl Slot {
     fn remove(&mut self, reason: LostReason) -> bool {
         match self.holder.take() {
             Some(h) => {
-                self.removals.send_replace(Removal { owner: Some(h.owner), reason: Some(reason) });
+                self.removals.send_replace(Removal {
+                    owner: Some(h.owner),
+                    reason: Some(reason),
+                });
                 true
             }
             None => false,
@@ -101,7 +107,10 @@ impl MemoryBackend {
             .with_fencing(FencingGuarantee::Strict, [Assumption::ProcessMemory])
             .with_wake_up(WakeUp::InProcess)
             .with_remaining_ttl(true);
-        MemoryBackend { state: Arc::default(), capabilities: Arc::new(capabilities) }
+        MemoryBackend {
+            state: Arc::default(),
+            capabilities: Arc::new(capabilities),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -124,13 +133,19 @@ impl MemoryBackend {
     /// Fault: the grant on `key` expires now. Its holder's next renewal
     /// fails as lost and its guard's `lost()` fires. Returns whether a grant existed.
     pub fn expire_now(&self, key: &str) -> bool {
-        self.state().slots.get_mut(key).is_some_and(|s| s.remove(LostReason::NotHeld))
+        self.state()
+            .slots
+            .get_mut(key)
+            .is_some_and(|s| s.remove(LostReason::NotHeld))
     }
 
     /// Fault: the holder of `key` vanishes as if its connection died; its
     /// grant is removed and its guard reports [`LostReason::ConnectionLost`].
     pub fn drop_holder(&self, key: &str) -> bool {
-        self.state().slots.get_mut(key).is_some_and(|s| s.remove(LostReason::ConnectionLost))
+        self.state()
+            .slots
+            .get_mut(key)
+            .is_some_and(|s| s.remove(LostReason::ConnectionLost))
     }
 
     /// Fault: the next `n` renewals (on any key) fail as if the backend were
@@ -149,7 +164,11 @@ impl MemoryBackend {
     /// The fencing token of the current holder of `key`, if any.
     pub fn holder_token(&self, key: &str) -> Option<FencingToken> {
         let now = Instant::now();
-        self.state().slots.get(key).and_then(|s| s.live_holder(now)).map(|h| h.token)
+        self.state()
+            .slots
+            .get(key)
+            .and_then(|s| s.live_holder(now))
+            .map(|h| h.token)
     }
 
     /// The keys currently held, with their remaining TTL, sorted by key.
@@ -181,9 +200,16 @@ impl LockBackend for MemoryBackend {
         let token = FencingToken::new(state.last_token + 1);
         let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
         if let Some(holder) = slot.live_holder(now) {
-            return Err(Error::Contended { key: key.to_string(), remaining: Some(holder.expires_at - now) });
+            return Err(Error::Contended {
+                key: key.to_string(),
+                remaining: Some(holder.expires_at - now),
+            });
         }
-        slot.holder = Some(Holder { owner: owner.clone(), token, expires_at: now + ttl });
+        slot.holder = Some(Holder {
+            owner: owner.clone(),
+            token,
+            expires_at: now + ttl,
+        });
         state.last_token = token.get();
         Ok(Grant::new(token).sent_at(now))
     }
@@ -198,7 +224,10 @@ impl LockBackend for MemoryBackend {
             return Err(self.unavailable());
         }
         let now = Instant::now();
-        let holder = state.slots.get_mut(lease.key().as_str()).and_then(|s| s.holder.as_mut());
+        let holder = state
+            .slots
+            .get_mut(lease.key().as_str())
+            .and_then(|s| s.holder.as_mut());
         match holder {
             Some(h) if h.owner == *lease.owner() && h.expires_at > now => {
                 h.expires_at = now + ttl;
@@ -218,7 +247,10 @@ impl LockBackend for MemoryBackend {
         let Some(slot) = state.slots.get_mut(key) else {
             return Err(Error::lost(key, LostReason::NotHeld));
         };
-        if !slot.live_holder(now).is_some_and(|h| h.owner == *lease.owner()) {
+        if !slot
+            .live_holder(now)
+            .is_some_and(|h| h.owner == *lease.owner())
+        {
             return Err(Error::lost(key, LostReason::NotHeld));
         }
         slot.remove(LostReason::Released);
@@ -230,14 +262,25 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {
-        let mut removals = self.state().slots.entry(key.to_string()).or_insert_with(Slot::new).removals.subscribe();
+        let mut removals = self
+            .state()
+            .slots
+            .entry(key.to_string())
+            .or_insert_with(Slot::new)
+            .removals
+            .subscribe();
         Some(Box::pin(async move {
             let _ = removals.changed().await;
         }))
     }
 
     fn loss_signal(&self, lease: &Lease) -> Option<LossFuture> {
-        let mut removals = self.state().slots.get(lease.key().as_str())?.removals.subscribe();
+        let mut removals = self
+            .state()
+            .slots
+            .get(lease.key().as_str())?
+            .removals
+            .subscribe();
         let owner = lease.owner().clone();
         Some(Box::pin(async move {
             loop {

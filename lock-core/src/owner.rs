@@ -87,6 +87,9 @@ mod tests {
     fn debug_never_shows_the_secret() {
         let t = OwnerToken::from_bytes([0xab; 16]);
         assert!(!format!("{t:?}").contains("ab"));
-        assert_eq!(format!("{:?} {}", Secret::new("hunter2"), Secret::new("hunter2")), "<redacted> <redacted>");
+        assert_eq!(
+            format!("{:?} {}", Secret::new("hunter2"), Secret::new("hunter2")),
+            "<redacted> <redacted>"
+        );
     }
 }

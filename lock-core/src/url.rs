@@ -27,7 +27,11 @@ impl Server {
     /// `host:port` (with brackets for IPv6), using `default_port` when none was given.
     pub fn address(&self, default_port: u16) -> String {
         let port = self.port.unwrap_or(default_port);
-        if self.host.contains(':') { format!("[{}]:{port}", self.host) } else { format!("{}:{port}", self.host) }
+        if self.host.contains(':') {
+            format!("[{}]:{port}", self.host)
+        } else {
+            format!("{}:{port}", self.host)
+        }
     }
 }
 
@@ -55,7 +59,11 @@ impl ServerUrl {
         let (scheme, rest) = input
             .split_once("://")
             .ok_or_else(|| bad("expected scheme://host[:port][,host[:port]...]".into()))?;
-        if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
+        if scheme.is_empty()
+            || !scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        {
             return Err(bad(format!("`{scheme}` is not a valid scheme")));
         }
         let scheme = scheme.to_ascii_lowercase();
@@ -80,7 +88,12 @@ impl ServerUrl {
             };
             let username = Some(decode(one.username())).filter(|u| !u.is_empty());
             let password = one.password().map(|p| Secret::new(decode(p)));
-            servers.push(Server { host, port: one.port(), username, password });
+            servers.push(Server {
+                host,
+                port: one.port(),
+                username,
+                password,
+            });
         }
         if let Some(first) = servers.first().cloned() {
             for s in servers.iter_mut().skip(1) {
@@ -90,15 +103,28 @@ impl ServerUrl {
                 }
             }
         }
-        let parsed_tail = url::Url::parse(&format!("x://h{tail}")).map_err(|e| bad(format!("bad path or query: {e}")))?;
+        let parsed_tail = url::Url::parse(&format!("x://h{tail}"))
+            .map_err(|e| bad(format!("bad path or query: {e}")))?;
         let path = parsed_tail.path().trim_start_matches('/').to_owned();
-        let query = parsed_tail.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
-        Ok(ServerUrl { scheme, servers, path, query })
+        let query = parsed_tail
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        Ok(ServerUrl {
+            scheme,
+            servers,
+            path,
+            query,
+        })
     }
 
     /// The value of a query parameter, if present (the last one wins).
     pub fn param(&self, name: &str) -> Option<&str> {
-        self.query.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.query
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Parses a query parameter as a number of milliseconds.
@@ -178,15 +204,24 @@ mod tests {
 
     #[test]
     fn parses_several_servers_with_shared_credentials() {
-        let u = ServerUrl::parse("redlock://app:s3cr%40t@10.0.0.1:7001,[::1]:7002,host-c?timeout_ms=50").unwrap();
+        let u = ServerUrl::parse(
+            "redlock://app:s3cr%40t@10.0.0.1:7001,[::1]:7002,host-c?timeout_ms=50",
+        )
+        .unwrap();
         assert_eq!(u.scheme, "redlock");
         assert_eq!(u.servers.len(), 3);
         assert_eq!(u.servers[0].address(6379), "10.0.0.1:7001");
         assert_eq!(u.servers[1].address(6379), "[::1]:7002");
         assert_eq!(u.servers[2].address(6379), "host-c:6379");
         assert_eq!(u.servers[2].username.as_deref(), Some("app"));
-        assert_eq!(u.servers[2].password.as_ref().map(Secret::expose), Some("s3cr@t"));
-        assert_eq!(u.millis_param("timeout_ms").unwrap(), Some(std::time::Duration::from_millis(50)));
+        assert_eq!(
+            u.servers[2].password.as_ref().map(Secret::expose),
+            Some("s3cr@t")
+        );
+        assert_eq!(
+            u.millis_param("timeout_ms").unwrap(),
+            Some(std::time::Duration::from_millis(50))
+        );
     }
 
     #[test]
@@ -201,8 +236,13 @@ mod tests {
         let u = ServerUrl::parse("etcd://root:hunter2@h1:2379,h2:2379").unwrap();
         assert_eq!(u.to_string(), "etcd://root@h1:2379,root@h2:2379");
         assert!(!format!("{u:?}").contains("hunter2"));
-        let err = ServerUrl::parse("etcd://root:hunter2@h1:99999").unwrap_err().to_string();
-        assert!(!err.contains("hunter2") && err.contains("server #1"), "{err}");
+        let err = ServerUrl::parse("etcd://root:hunter2@h1:99999")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !err.contains("hunter2") && err.contains("server #1"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -223,7 +263,10 @@ mod tests {
 
     #[test]
     fn redact_hides_passwords_and_query() {
-        assert_eq!(redact("postgres://u:pw@h:5432/db?password=pw"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            redact("postgres://u:pw@h:5432/db?password=pw"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(redact("redlock://:a@h1,:b@h2"), "redlock://:***@h1,:***@h2");
         assert_eq!(redact("garbage"), "<not a URL>");
     }

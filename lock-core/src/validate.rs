@@ -23,19 +23,29 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// is never silently changed.
 pub fn key(key: &str, limits: &Limits) -> Result<LockKey> {
     if key.is_empty() {
-        return Err(Error::invalid("key", "lock key is empty; give the lock a name"));
+        return Err(Error::invalid(
+            "key",
+            "lock key is empty; give the lock a name",
+        ));
     }
     let max = limits.max_key_bytes.min(MAX_KEY_BYTES);
     if key.len() > max {
         return Err(Error::invalid(
             "key",
-            format!("lock key is {} bytes; the {} backend accepts at most {max}", key.len(), limits.backend),
+            format!(
+                "lock key is {} bytes; the {} backend accepts at most {max}",
+                key.len(),
+                limits.backend
+            ),
         ));
     }
     if let Some((at, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
         return Err(Error::invalid(
             "key",
-            format!("lock key contains the control character {:?} at byte {at}; keys must be printable text", c),
+            format!(
+                "lock key contains the control character {:?} at byte {at}; keys must be printable text",
+                c
+            ),
         ));
     }
     Ok(LockKey::new_validated(key.to_owned()))
@@ -51,19 +61,27 @@ pub fn key(key: &str, limits: &Limits) -> Result<LockKey> {
 pub fn ttl(ttl: Duration, limits: &Limits, drift: Duration) -> Result<Duration> {
     let backend = limits.backend;
     if ttl.is_zero() {
-        return Err(Error::invalid("ttl", "ttl is zero; a lock needs a positive time to live"));
+        return Err(Error::invalid(
+            "ttl",
+            "ttl is zero; a lock needs a positive time to live",
+        ));
     }
     let max = limits.max_ttl.min(MAX_TTL);
     if ttl > max {
         return Err(Error::invalid(
             "ttl",
-            format!("ttl is {ttl:?}; the {backend} backend accepts at most {max:?} (hold longer with a guard, which renews)"),
+            format!(
+                "ttl is {ttl:?}; the {backend} backend accepts at most {max:?} (hold longer with a guard, which renews)"
+            ),
         ));
     }
     if ttl < limits.min_ttl {
         return Err(Error::invalid(
             "ttl",
-            format!("ttl is {ttl:?}; the {backend} backend accepts at least {:?}", limits.min_ttl),
+            format!(
+                "ttl is {ttl:?}; the {backend} backend accepts at least {:?}",
+                limits.min_ttl
+            ),
         ));
     }
     let grain = limits.ttl_granularity.as_nanos();
@@ -79,7 +97,9 @@ pub fn ttl(ttl: Duration, limits: &Limits, drift: Duration) -> Result<Duration> 
     if ttl <= drift {
         return Err(Error::invalid(
             "ttl",
-            format!("ttl is {ttl:?}, not longer than the drift margin of {drift:?}, so the lock would be past its deadline when granted"),
+            format!(
+                "ttl is {ttl:?}, not longer than the drift margin of {drift:?}, so the lock would be past its deadline when granted"
+            ),
         ));
     }
     Ok(ttl)
@@ -90,7 +110,10 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits { backend: "test", ..Limits::default() }
+        Limits {
+            backend: "test",
+            ..Limits::default()
+        }
     }
 
     #[test]
@@ -103,12 +126,18 @@ mod tests {
     fn oversized_key_names_its_length_and_the_limit() {
         let long = "k".repeat(MAX_KEY_BYTES + 1);
         let err = key(&long, &limits()).unwrap_err().to_string();
-        assert!(err.contains("513 bytes") && err.contains("at most 512"), "{err}");
+        assert!(
+            err.contains("513 bytes") && err.contains("at most 512"),
+            "{err}"
+        );
     }
 
     #[test]
     fn backend_limit_below_the_contract_limit_wins() {
-        let l = Limits { max_key_bytes: 10, ..limits() };
+        let l = Limits {
+            max_key_bytes: 10,
+            ..limits()
+        };
         assert!(key("0123456789", &l).is_ok());
         let err = key("0123456789a", &l).unwrap_err().to_string();
         assert!(err.contains("at most 10"), "{err}");
@@ -119,23 +148,59 @@ mod tests {
         let err = key("a\0b", &limits()).unwrap_err().to_string();
         assert!(err.contains("control character"), "{err}");
         assert!(key("a\nb", &limits()).is_err());
-        assert_eq!(key("orders/42 ü", &limits()).unwrap().as_str(), "orders/42 ü");
+        assert_eq!(
+            key("orders/42 ü", &limits()).unwrap().as_str(),
+            "orders/42 ü"
+        );
     }
 
     #[test]
     fn ttl_limits_are_named() {
-        let l = Limits { min_ttl: Duration::from_secs(1), ttl_granularity: Duration::from_secs(1), ..limits() };
+        let l = Limits {
+            min_ttl: Duration::from_secs(1),
+            ttl_granularity: Duration::from_secs(1),
+            ..limits()
+        };
         let d = Duration::from_millis(12);
-        assert!(ttl(Duration::ZERO, &l, d).unwrap_err().to_string().contains("zero"));
-        assert!(ttl(Duration::from_millis(500), &l, d).unwrap_err().to_string().contains("at least 1s"));
-        assert!(ttl(Duration::from_millis(1500), &l, d).unwrap_err().to_string().contains("whole multiples of 1s"));
-        assert!(ttl(Duration::from_secs(7 * 86400), &l, d).unwrap_err().to_string().contains("at most 86400s"));
-        assert_eq!(ttl(Duration::from_secs(2), &l, d).unwrap(), Duration::from_secs(2));
+        assert!(
+            ttl(Duration::ZERO, &l, d)
+                .unwrap_err()
+                .to_string()
+                .contains("zero")
+        );
+        assert!(
+            ttl(Duration::from_millis(500), &l, d)
+                .unwrap_err()
+                .to_string()
+                .contains("at least 1s")
+        );
+        assert!(
+            ttl(Duration::from_millis(1500), &l, d)
+                .unwrap_err()
+                .to_string()
+                .contains("whole multiples of 1s")
+        );
+        assert!(
+            ttl(Duration::from_secs(7 * 86400), &l, d)
+                .unwrap_err()
+                .to_string()
+                .contains("at most 86400s")
+        );
+        assert_eq!(
+            ttl(Duration::from_secs(2), &l, d).unwrap(),
+            Duration::from_secs(2)
+        );
     }
 
     #[test]
     fn ttl_within_the_drift_margin_is_refused() {
-        let err = ttl(Duration::from_millis(10), &limits(), Duration::from_millis(10)).unwrap_err().to_string();
+        let err = ttl(
+            Duration::from_millis(10),
+            &limits(),
+            Duration::from_millis(10),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("drift margin"), "{err}");
     }
 }

@@ -21,18 +21,28 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { initial: Duration::from_millis(5), max: Duration::from_millis(250) }
+        Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(250),
+        }
     }
 }
 
 impl Backoff {
     /// The delay before attempt number `attempt + 1`.
     pub fn delay(&self, attempt: u32) -> Duration {
-        let ceiling = self.initial.saturating_mul(1u32 << attempt.min(16)).min(self.max);
+        let ceiling = self
+            .initial
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.max);
         let half = ceiling / 2;
         // Random in [half, ceiling]: "equal jitter".
         let spread = half.as_nanos().min(u64::MAX as u128) as u64;
-        let jitter = if spread == 0 { 0 } else { getrandom::u64().unwrap_or(0) % (spread + 1) };
+        let jitter = if spread == 0 {
+            0
+        } else {
+            getrandom::u64().unwrap_or(0) % (spread + 1)
+        };
         half + Duration::from_nanos(jitter)
     }
 }
@@ -51,7 +61,10 @@ pub struct Waiting {
 impl Waiting {
     /// The error for a wait that ran out.
     pub fn timed_out(&self, key: &LockKey) -> Error {
-        Error::TimedOut { key: key.to_string(), waited: self.started.elapsed() }
+        Error::TimedOut {
+            key: key.to_string(),
+            waited: self.started.elapsed(),
+        }
     }
 }
 
@@ -116,11 +129,20 @@ mod tests {
 
     #[test]
     fn backoff_grows_stays_in_bounds_and_jitters() {
-        let b = Backoff { initial: Duration::from_millis(4), max: Duration::from_millis(100) };
+        let b = Backoff {
+            initial: Duration::from_millis(4),
+            max: Duration::from_millis(100),
+        };
         for attempt in 0..40 {
-            let ceiling = Duration::from_millis(4).saturating_mul(1 << attempt.min(16)).min(b.max);
+            let ceiling = Duration::from_millis(4)
+                .saturating_mul(1 << attempt.min(16))
+                .min(b.max);
             let d = b.delay(attempt);
-            assert!(d >= ceiling / 2 && d <= ceiling, "attempt {attempt}: {d:?} outside [{:?}, {ceiling:?}]", ceiling / 2);
+            assert!(
+                d >= ceiling / 2 && d <= ceiling,
+                "attempt {attempt}: {d:?} outside [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
         }
         let distinct: std::collections::HashSet<_> = (0..20).map(|_| b.delay(10)).collect();
         assert!(distinct.len() > 1, "no jitter");

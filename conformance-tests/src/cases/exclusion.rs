@@ -1,0 +1,67 @@
+//! Mutual exclusion under contention.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{LONG_TTL, SLACK, within};
+use crate::Fixture;
+
+const CONTENDERS: usize = 32;
+const SECTIONS_EACH: usize = 2;
+
+/// 32 tasks each enter the critical section twice and do a non-atomic
+/// read-modify-write there; the final value equals the number of sections,
+/// and no section ever starts while another is running.
+pub async fn mutual_exclusion(fx: &Fixture) {
+    let key = fx.key("exclusion");
+    let counter = Arc::new(std::sync::Mutex::new(0usize));
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CONTENDERS {
+        let (locker, key) = (fx.locker.clone(), key.clone());
+        let (counter, inside, overlaps) = (counter.clone(), inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..SECTIONS_EACH {
+                let lease = locker
+                    .acquire(&key, LONG_TTL, Duration::from_secs(120))
+                    .await
+                    .expect("acquire");
+                if inside.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                // Read, yield to let any intruder run, then write: a lost update shows a broken lock.
+                let seen = *counter.lock().unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                *counter.lock().unwrap() = seen + 1;
+                assert!(
+                    lease.is_within_deadline(),
+                    "section outlived its lease; raise the TTL"
+                );
+                inside.store(false, Ordering::SeqCst);
+                locker.release(lease).await.expect("release");
+            }
+        }));
+    }
+    within(
+        Duration::from_secs(120) + SLACK,
+        "all contenders finish",
+        async {
+            for t in tasks {
+                t.await.expect("contender panicked");
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "critical sections overlapped"
+    );
+    assert_eq!(
+        *counter.lock().unwrap(),
+        CONTENDERS * SECTIONS_EACH,
+        "lost updates"
+    );
+}

@@ -1,0 +1,126 @@
+//! Guards: renewal, loss, release on drop, `with_lock`.
+
+use lock_core::{Error, GuardOptions};
+use tokio::time::Instant;
+
+use super::{LONG_TTL, SLACK, expiry_wait, short, within};
+use crate::Fixture;
+
+/// A guard keeps its lock across at least five TTLs, renewing it, while
+/// others are refused; its deadline moves and its token stays.
+pub async fn guard_keeps_the_lock_across_ttls(fx: &Fixture) {
+    let key = fx.key("guard-keeps");
+    let ttl = short(fx);
+    let guard = fx
+        .locker
+        .guard(&key, GuardOptions::new(ttl))
+        .await
+        .expect("guard");
+    let (token, first_deadline) = (guard.fencing_token(), guard.deadline());
+    let until = Instant::now() + ttl * 5 + ttl / 2;
+    while Instant::now() < until {
+        tokio::time::sleep(ttl / 2).await;
+        assert_eq!(guard.lost_reason(), None, "the guard lost its lock");
+        match fx.locker.try_acquire(&key, ttl).await {
+            Err(Error::Contended { .. }) => {}
+            other => panic!("a contender was not refused while the guard held the lock: {other:?}"),
+        }
+    }
+    assert_eq!(guard.fencing_token(), token);
+    assert!(
+        guard.deadline() > first_deadline + ttl * 4,
+        "the deadline did not move with renewals"
+    );
+    guard.release().await.expect("release");
+}
+
+/// When the grant is removed behind the guard's back, `lost()` fires and
+/// the lock is free for others.
+pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
+    let key = fx.key("guard-lost");
+    let ttl = short(fx);
+    let guard = fx
+        .locker
+        .guard(&key, GuardOptions::new(ttl))
+        .await
+        .expect("guard");
+    let lost = guard.lost();
+    let lease_key = guard.key().to_string();
+    fx.sabotage.remove_grant(&lease_key).await;
+    within(expiry_wait(ttl), "the guard's lost() fires", lost).await;
+    assert!(guard.lost_reason().is_some());
+    let next = fx
+        .locker
+        .acquire(&key, LONG_TTL, expiry_wait(ttl))
+        .await
+        .expect("the lock is free after the loss");
+    fx.locker.release(next).await.expect("release");
+    assert!(
+        guard.release().await.is_err(),
+        "releasing a lost guard must report it"
+    );
+}
+
+/// Dropping a guard releases in the background: the next contender gets
+/// the lock long before the guard's TTL would have freed it.
+pub async fn dropped_guard_frees_the_lock(fx: &Fixture) {
+    let key = fx.key("guard-dropped");
+    let guard = fx
+        .locker
+        .guard(&key, GuardOptions::new(LONG_TTL))
+        .await
+        .expect("guard");
+    drop(guard);
+    let started = Instant::now();
+    let next = fx
+        .locker
+        .acquire(&key, LONG_TTL, LONG_TTL / 3)
+        .await
+        .expect("the dropped guard released the lock");
+    assert!(started.elapsed() < LONG_TTL / 3);
+    fx.locker.release(next).await.expect("release");
+}
+
+/// `with_lock` runs the work under the lock and releases after it; if the
+/// lock is lost during the work, the work is cancelled and `Lost` returned.
+pub async fn with_lock_runs_the_work_and_releases(fx: &Fixture) {
+    let key = fx.key("with-lock");
+    let ttl = short(fx);
+    let out = fx
+        .locker
+        .with_lock(&key, GuardOptions::new(ttl), |token| async move {
+            tokio::time::sleep(ttl).await; // longer than a renewal interval
+            token
+        })
+        .await
+        .expect("with_lock");
+    assert!(out.get() > 0, "the work received a fencing token");
+    let after = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("with_lock released the lock");
+    fx.locker.release(after).await.expect("release");
+
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let saboteur = async {
+        started_rx.await.expect("the work started");
+        fx.sabotage.remove_grant(&key).await;
+    };
+    let work = fx
+        .locker
+        .with_lock(&key, GuardOptions::new(ttl), |_token| async move {
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await
+        });
+    let (result, ()) = within(
+        expiry_wait(ttl) + SLACK,
+        "with_lock notices the loss",
+        async { tokio::join!(work, saboteur) },
+    )
+    .await;
+    match result {
+        Err(Error::Lost { .. }) => {}
+        other => panic!("expected lost, got {other:?}"),
+    }
+}

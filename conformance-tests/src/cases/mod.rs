@@ -1,0 +1,59 @@
+//! The conformance cases: plain async functions over a [`Fixture`](crate::Fixture).
+//!
+//! Every case waits on events with generous limits, so a slow machine does
+//! not fail them; cases that depend on a capability read `capabilities()`.
+
+mod exclusion;
+mod fencing;
+mod guard;
+mod input;
+mod lifecycle;
+mod waiting;
+
+pub use exclusion::mutual_exclusion;
+pub use fencing::fencing_tokens_strictly_increase;
+pub use guard::{
+    dropped_guard_frees_the_lock, guard_keeps_the_lock_across_ttls,
+    guard_reports_loss_when_the_grant_is_removed, with_lock_runs_the_work_and_releases,
+};
+pub use input::{capabilities_are_consistent, invalid_input_is_refused_and_leaves_nothing_held};
+pub use lifecycle::{
+    extend_after_expiry_is_lost_and_does_not_resurrect, extend_after_removal_is_lost,
+    extend_moves_the_deadline, forged_lease_can_neither_extend_nor_release,
+    grant_expires_after_its_ttl, keys_are_independent,
+    release_of_a_lost_lease_is_reported_and_harmless, release_then_reacquire,
+    try_acquire_on_held_key_is_contended,
+};
+pub use waiting::{
+    acquire_succeeds_soon_after_release, acquire_times_out_cleanly,
+    cancelled_acquire_leaves_no_grant_beyond_its_ttl,
+};
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::Fixture;
+
+/// A TTL long enough that nothing in a case outlives it by accident.
+pub(crate) const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// Slack added to every wait: a slow machine must not fail a case.
+pub(crate) const SLACK: Duration = Duration::from_secs(15);
+
+/// Awaits `fut`, failing the case with `what` if it takes longer than `limit`.
+pub(crate) async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: did not happen within {limit:?}"),
+    }
+}
+
+/// How long to wait for a grant of `ttl` to lapse on its own.
+pub(crate) fn expiry_wait(ttl: Duration) -> Duration {
+    ttl * 3 + SLACK
+}
+
+/// The short TTL most cases use: 300 ms, or the backend's minimum.
+pub(crate) fn short(fx: &Fixture) -> Duration {
+    fx.short_ttl(Duration::from_millis(300))
+}

@@ -1,0 +1,111 @@
+//! `acquire` with a wait: success after release, clean time-outs, cancellation.
+
+use std::time::Duration;
+
+use lock_core::Error;
+use tokio::time::Instant;
+
+use super::{LONG_TTL, SLACK, expiry_wait, short, within};
+use crate::Fixture;
+
+/// A waiter gets the lock soon after the holder releases: well before the
+/// holder's TTL would have freed it.
+pub async fn acquire_succeeds_soon_after_release(fx: &Fixture) {
+    let key = fx.key("handoff");
+    let holder = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("holder's grant");
+    let waiter = {
+        let (locker, key) = (fx.locker.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = locker.acquire(&key, LONG_TTL, LONG_TTL * 2).await;
+            (lease, Instant::now())
+        })
+    };
+    // Give the waiter a moment to start waiting; the case holds either way.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    fx.locker.release(holder).await.expect("release");
+    let (lease, granted_at) = within(LONG_TTL, "the waiter's grant", waiter)
+        .await
+        .expect("waiter task");
+    let lease = lease.expect("the waiter gets the lock");
+    let handoff = granted_at - released_at;
+    assert!(
+        handoff < LONG_TTL / 3,
+        "handoff took {handoff:?}: the waiter seems to have waited for the TTL"
+    );
+    fx.locker.release(lease).await.expect("release");
+}
+
+/// A wait that runs out returns `TimedOut` after about the wait, leaves the
+/// holder alone and leaves no grant of its own behind.
+pub async fn acquire_times_out_cleanly(fx: &Fixture) {
+    let key = fx.key("timeout");
+    let holder = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("holder's grant");
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    match within(
+        SLACK,
+        "the wait gives up",
+        fx.locker.acquire(&key, LONG_TTL, wait),
+    )
+    .await
+    {
+        Err(Error::TimedOut { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected timed out, got {other:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= wait,
+        "gave up after {waited:?}, before the {wait:?} wait"
+    );
+    fx.locker
+        .release(holder)
+        .await
+        .expect("the holder still holds the lock");
+    let next = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("the timed-out waiter left no grant");
+    fx.locker.release(next).await.expect("release");
+}
+
+/// Dropping an `acquire` at various moments around a release never leaves a
+/// grant behind longer than its TTL.
+pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
+    let key = fx.key("cancelled");
+    let ttl = short(fx);
+    let mut holder = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("holder's grant");
+    for delay_ms in [0u64, 1, 3, 10, 30] {
+        let waiter = {
+            let (locker, key) = (fx.locker.clone(), key.clone());
+            tokio::spawn(async move { locker.acquire(&key, ttl, LONG_TTL).await })
+        };
+        tokio::task::yield_now().await;
+        fx.locker.release(holder).await.expect("release");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        waiter.abort();
+        let _ = waiter.await;
+        // Whatever the cancelled waiter got lapses within its TTL.
+        holder = within(
+            expiry_wait(ttl) + SLACK,
+            "the key frees after a cancelled acquire",
+            fx.locker.acquire(&key, LONG_TTL, expiry_wait(ttl)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("after cancelling at {delay_ms} ms: {e}"));
+    }
+    fx.locker.release(holder).await.expect("release");
+}

@@ -1,0 +1,78 @@
+//! What a backend's test file supplies: a locker, a sabotage, a key prefix.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Lease, Locker};
+
+/// Removes a grant behind its holder's back, the way an operator or a fault
+/// would: `DEL` for Redis, a lease revoke for etcd, `pg_terminate_backend`
+/// for PostgreSQL, a scripted fault for the memory backend.
+#[async_trait]
+pub trait Sabotage: Send + Sync {
+    /// Makes the backend forget `lease`'s grant. The holder is not told.
+    async fn remove_grant(&self, lease_key: &str);
+}
+
+/// One backend under test.
+pub struct Fixture {
+    /// The locker over the backend.
+    pub locker: Locker,
+    /// How to remove a grant behind its holder's back.
+    pub sabotage: Box<dyn Sabotage>,
+    prefix: String,
+}
+
+impl Fixture {
+    /// A fixture whose keys all start with a fresh random prefix, so runs
+    /// and cases never collide on a shared server.
+    pub fn new(locker: Locker, sabotage: impl Sabotage + 'static) -> Self {
+        let random = getrandom::u64().expect("the operating system's random source is unavailable");
+        Fixture {
+            locker,
+            sabotage: Box::new(sabotage),
+            prefix: format!("conformance-{random:016x}/"),
+        }
+    }
+
+    /// A key unique to this run.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// A TTL the backend accepts that is short enough to wait out in a test:
+    /// `wanted`, raised to the backend's minimum and rounded up to its granularity.
+    pub fn short_ttl(&self, wanted: Duration) -> Duration {
+        let limits = &self.locker.capabilities().limits;
+        let ttl = wanted.max(limits.min_ttl);
+        let grain = limits.ttl_granularity.as_nanos().max(1);
+        let rounded = ttl.as_nanos().div_ceil(grain) * grain;
+        Duration::from_nanos(rounded as u64)
+    }
+
+    /// Removes the grant of `lease` behind its back.
+    pub async fn remove_grant(&self, lease: &Lease) {
+        self.sabotage.remove_grant(lease.key().as_str()).await;
+    }
+}
+
+/// The URL of a test server from the environment variable `var` (written by
+/// `scripts/servers.sh`). When it is unset: a panic if
+/// `LOCKKIT_REQUIRE_SERVERS=1` (a missing server fails CI), otherwise `None`
+/// and a note on stderr (the case is skipped).
+pub fn server_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("LOCKKIT_REQUIRE_SERVERS").as_deref() == Ok("1") => {
+            panic!(
+                "{var} is not set but LOCKKIT_REQUIRE_SERVERS=1: start the servers with `scripts/servers.sh up`"
+            )
+        }
+        _ => {
+            eprintln!(
+                "skipped: {var} is not set (run `scripts/servers.sh up` and source its urls.env)"
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,48 @@
+#![doc = include_str!("../README.md")]
+
+pub mod cases;
+mod fixture;
+
+pub use fixture::{Fixture, Sabotage, server_url};
+
+/// Stamps every conformance case as a `#[tokio::test]` for one backend.
+///
+/// `$fixture` is an `async fn() -> Option<Fixture>`; `None` means the
+/// backend's server is not configured, which [`server_url`] turns into a
+/// failure when `LOCKKIT_REQUIRE_SERVERS=1` (as in CI) and a skip otherwise.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($fixture:path) => {
+        $crate::conformance_suite!(@cases $fixture;
+            mutual_exclusion,
+            try_acquire_on_held_key_is_contended,
+            keys_are_independent,
+            release_then_reacquire,
+            release_of_a_lost_lease_is_reported_and_harmless,
+            forged_lease_can_neither_extend_nor_release,
+            extend_moves_the_deadline,
+            extend_after_expiry_is_lost_and_does_not_resurrect,
+            extend_after_removal_is_lost,
+            grant_expires_after_its_ttl,
+            fencing_tokens_strictly_increase,
+            acquire_succeeds_soon_after_release,
+            acquire_times_out_cleanly,
+            cancelled_acquire_leaves_no_grant_beyond_its_ttl,
+            guard_keeps_the_lock_across_ttls,
+            guard_reports_loss_when_the_grant_is_removed,
+            dropped_guard_frees_the_lock,
+            with_lock_runs_the_work_and_releases,
+            invalid_input_is_refused_and_leaves_nothing_held,
+            capabilities_are_consistent,
+        );
+    };
+    (@cases $fixture:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some(fixture) = $fixture().await else { return };
+                $crate::cases::$case(&fixture).await;
+            }
+        )*
+    };
+}
