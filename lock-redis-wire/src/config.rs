@@ -1,0 +1,263 @@
+//! Connection settings from a backend URL.
+//!
+//! `scheme://[user[:password]@]host[:port][,host[:port]...][/db][?options]`
+//!
+//! | option | meaning | default |
+//! |---|---|---|
+//! | `/db` (path) | database number (single server only) | `0` |
+//! | `connect_timeout_ms` | how long to wait for a connection | 3000 |
+//! | `response_timeout_ms` | how long to wait for each reply | 3000 |
+//! | `timeout_ms` | sets both timeouts | |
+//! | `prefix` | key prefix (see [`KeyLayout`]) | `lockkit:` |
+//!
+//! User and password are Redis ACL credentials (`AUTH user password`; only
+//! a password: the `default` user). They are never printed.
+
+use std::time::Duration;
+
+use lock_core::url::{Server, ServerUrl};
+use lock_core::{Error, Result};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+
+use crate::KeyLayout;
+
+/// The port used when a server names none.
+pub const DEFAULT_PORT: u16 = 6379;
+
+/// The query options every Redis backend understands.
+pub const OPTIONS: &[&str] = &[
+    "connect_timeout_ms",
+    "response_timeout_ms",
+    "timeout_ms",
+    "prefix",
+];
+
+/// How long to wait for the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Opening a connection (TCP, TLS, `AUTH`, `SELECT`).
+    pub connect: Duration,
+    /// Each reply.
+    pub response: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Everything needed to connect to one or more Redis servers, parsed from a URL.
+///
+/// `Debug` and every `endpoint` leave the password out.
+#[derive(Clone)]
+pub struct RedisSettings {
+    /// One entry per server, in URL order, with credentials and database.
+    pub servers: Vec<ConnectionInfo>,
+    /// For errors and logs: `scheme://[user@]host:port` per server, in URL order.
+    pub endpoints: Vec<String>,
+    /// The whole URL without password or query, for errors about all servers.
+    pub url: String,
+    /// Where locks live.
+    pub layout: KeyLayout,
+    /// Connect and response timeouts.
+    pub timeouts: Timeouts,
+    /// Whether connections use TLS.
+    pub tls: bool,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &self.url)
+            .field("prefix", &self.layout.prefix())
+            .field("timeouts", &self.timeouts)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl RedisSettings {
+    /// Reads `url`. `tls` says whether the scheme asks for TLS; `backend_options`
+    /// names query options the calling backend reads itself (any other
+    /// option beyond [`OPTIONS`] is refused, so a typo is not ignored).
+    pub fn from_url(url: &ServerUrl, tls: bool, backend_options: &[&str]) -> Result<Self> {
+        if let Some((name, _)) = url
+            .query
+            .iter()
+            .find(|(k, _)| !OPTIONS.contains(&k.as_str()) && !backend_options.contains(&k.as_str()))
+        {
+            let mut known: Vec<&str> = OPTIONS.iter().chain(backend_options).copied().collect();
+            known.sort_unstable();
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{url}: unknown option `{name}`; known: {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+        let db = match url.path.as_str() {
+            "" => 0,
+            path => path
+                .parse::<i64>()
+                .ok()
+                .filter(|db| *db >= 0)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "url",
+                        format!("{url}: the path must be a database number, got `/{path}`"),
+                    )
+                })?,
+        };
+        let mut timeouts = Timeouts::default();
+        if let Some(both) = url.millis_param("timeout_ms")? {
+            timeouts = Timeouts {
+                connect: both,
+                response: both,
+            };
+        }
+        if let Some(connect) = url.millis_param("connect_timeout_ms")? {
+            timeouts.connect = connect;
+        }
+        if let Some(response) = url.millis_param("response_timeout_ms")? {
+            timeouts.response = response;
+        }
+        if timeouts.connect.is_zero() || timeouts.response.is_zero() {
+            return Err(Error::invalid(
+                "url",
+                format!("{url}: timeouts must be at least 1 ms"),
+            ));
+        }
+        let layout = match url.param("prefix") {
+            Some(prefix) => KeyLayout::new(prefix)?,
+            None => KeyLayout::default(),
+        };
+        let servers = url
+            .servers
+            .iter()
+            .map(|s| connection_info(s, db, tls))
+            .collect::<Result<_>>()?;
+        let endpoints = url
+            .servers
+            .iter()
+            .map(|s| endpoint(&url.scheme, s))
+            .collect();
+        Ok(RedisSettings {
+            servers,
+            endpoints,
+            url: url.to_string(),
+            layout,
+            timeouts,
+            tls,
+        })
+    }
+
+    /// Parses `url` and reads it with [`from_url`](Self::from_url).
+    pub fn parse(url: &str, tls: bool, backend_options: &[&str]) -> Result<Self> {
+        Self::from_url(&ServerUrl::parse(url)?, tls, backend_options)
+    }
+
+    /// The database number (the same for every server).
+    pub fn db(&self) -> i64 {
+        self.servers.first().map_or(0, |s| s.redis_settings().db())
+    }
+
+    /// A client for server number `index`.
+    pub fn client(&self, index: usize) -> Result<redis::Client> {
+        redis::Client::open(self.servers[index].clone())
+            .map_err(|e| crate::map_error("redis", &self.endpoints[index], e))
+    }
+}
+
+fn endpoint(scheme: &str, server: &Server) -> String {
+    match &server.username {
+        Some(user) => format!("{scheme}://{user}@{}", server.address(DEFAULT_PORT)),
+        None => format!("{scheme}://{}", server.address(DEFAULT_PORT)),
+    }
+}
+
+fn connection_info(server: &Server, db: i64, tls: bool) -> Result<ConnectionInfo> {
+    let port = server.port.unwrap_or(DEFAULT_PORT);
+    let addr = if tls {
+        ConnectionAddr::TcpTls {
+            host: server.host.clone(),
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(server.host.clone(), port)
+    };
+    let mut redis = RedisConnectionInfo::default().set_db(db);
+    if let Some(user) = &server.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &server.password {
+        redis = redis.set_password(password.expose());
+    }
+    let info = addr
+        .into_connection_info()
+        .map_err(|e| Error::invalid("url", format!("{}: {e}", server.address(DEFAULT_PORT))))?;
+    Ok(info.set_redis_settings(redis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_credentials_db_timeouts_and_prefix() {
+        let s = RedisSettings::parse(
+            "redis://app:hunter2@10.0.0.1:7000/3?timeout_ms=50&response_timeout_ms=70&prefix=jobs:",
+            false,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(s.db(), 3);
+        assert_eq!(
+            s.timeouts,
+            Timeouts {
+                connect: Duration::from_millis(50),
+                response: Duration::from_millis(70)
+            }
+        );
+        assert_eq!(s.layout.prefix(), "jobs:");
+        assert_eq!(s.endpoints, ["redis://app@10.0.0.1:7000"]);
+        assert_eq!(s.servers[0].redis_settings().username(), Some("app"));
+        assert_eq!(s.servers[0].redis_settings().password(), Some("hunter2"));
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn several_servers_and_defaults() {
+        let s = RedisSettings::parse("redlock://:pw@a,b:7001,c", false, &["quorum"]).unwrap();
+        assert_eq!(
+            s.endpoints,
+            ["redlock://a:6379", "redlock://b:7001", "redlock://c:6379"]
+        );
+        assert_eq!(s.servers[2].redis_settings().password(), Some("pw"));
+        assert_eq!(s.timeouts, Timeouts::default());
+        assert_eq!(s.layout, KeyLayout::default());
+    }
+
+    #[test]
+    fn bad_options_are_refused_without_the_password() {
+        for (url, expect) in [
+            ("redis://:hunter2@h/x", "database number"),
+            ("redis://:hunter2@h?timeout=5", "unknown option `timeout`"),
+            ("redis://:hunter2@h?timeout_ms=0", "at least 1 ms"),
+            ("redis://:hunter2@h?prefix=%7Bx", "hash tag"),
+        ] {
+            let err = RedisSettings::parse(url, false, &[]).unwrap_err();
+            assert!(
+                err.is_invalid_input() && err.to_string().contains(expect),
+                "{url}: {err}"
+            );
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+    }
+}

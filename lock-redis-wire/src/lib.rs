@@ -1,0 +1,11 @@
+#![doc = include_str!("../README.md")]
+
+pub mod config;
+pub mod errors;
+pub mod keys;
+pub mod scripts;
+
+pub use config::{RedisSettings, Timeouts};
+pub use errors::map_error;
+pub use keys::{KeyLayout, LockKeys};
+pub use scripts::{AcquireReply, Scripts};
