@@ -1,0 +1,11 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod etcd;
+mod postgres;
+mod process;
+mod redis;
+
+pub use etcd::{EtcdCluster, EtcdMember};
+pub use postgres::Postgres;
+pub use redis::{RedisNodes, RedisOptions, RedisServer};
