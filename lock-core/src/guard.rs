@@ -87,7 +87,15 @@ impl LockGuard {
             status,
             release: Some(release),
         };
-        tokio::spawn(keep_renewed(locker, lease, every, status_tx, release_rx));
+        // Subscribe to the loss signal before returning, so that a loss right
+        // after the grant is not missed while the task waits to be scheduled.
+        let loss = locker
+            .backend()
+            .loss_signal(&lease)
+            .unwrap_or_else(|| Box::pin(std::future::pending()));
+        tokio::spawn(keep_renewed(
+            locker, lease, every, loss, status_tx, release_rx,
+        ));
         guard
     }
 
@@ -150,14 +158,11 @@ async fn keep_renewed(
     locker: Locker,
     mut lease: Lease,
     every: Duration,
+    mut loss: LossFuture,
     status: watch::Sender<Status>,
     mut release: oneshot::Receiver<ReleaseReply>,
 ) {
     let lose = |reason| status.send_modify(|s| s.lost = Some(reason));
-    let mut loss: LossFuture = locker
-        .backend()
-        .loss_signal(&lease)
-        .unwrap_or_else(|| Box::pin(std::future::pending()));
     let retry = (every / 4).max(Duration::from_millis(5));
     let mut next = Instant::now() + every;
     loop {

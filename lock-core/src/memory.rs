@@ -275,13 +275,17 @@ impl LockBackend for MemoryBackend {
     }
 
     fn loss_signal(&self, lease: &Lease) -> Option<LossFuture> {
-        let mut removals = self
-            .state()
-            .slots
-            .get(lease.key().as_str())?
-            .removals
-            .subscribe();
+        let state = self.state();
+        let slot = state.slots.get(lease.key().as_str());
         let owner = lease.owner().clone();
+        let held = slot
+            .and_then(|s| s.live_holder(Instant::now()))
+            .is_some_and(|h| h.owner == owner);
+        let (true, Some(slot)) = (held, slot) else {
+            return Some(Box::pin(std::future::ready(LostReason::NotHeld)));
+        };
+        let mut removals = slot.removals.subscribe();
+        drop(state);
         Some(Box::pin(async move {
             loop {
                 if removals.changed().await.is_err() {
