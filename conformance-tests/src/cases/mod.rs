@@ -1,4 +1,4 @@
-//! The conformance cases: plain async functions over a [`Fixture`](crate::Fixture).
+//! The conformance cases: plain async functions over a [`Fixture`].
 //!
 //! Every case waits on events with generous limits, so a slow machine does
 //! not fail them; cases that depend on a capability read `capabilities()`.
