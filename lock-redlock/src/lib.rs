@@ -1,1 +1,418 @@
 #![doc = include_str!("../README.md")]
+
+mod config;
+mod nodes;
+mod quorum;
+mod wake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Grant, Lease,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
+    WakeUpFuture, async_trait,
+};
+pub use lock_redis_wire::LockKeys;
+use lock_redis_wire::scripts::{self, AcquireReply};
+use lock_redis_wire::{KeyLayout, RedisSettings};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+
+pub use config::RedlockOptions;
+pub use quorum::{QuorumError, quorum, tolerated_failures, validity};
+
+use nodes::{Node, NodeResult, Nodes};
+use quorum::{Reply, Tally};
+use wake::Wakeups;
+
+/// The URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["redlock"];
+
+const BACKEND: &str = "redlock";
+
+/// Redlock over N independent Redis masters: a lock is held while a
+/// majority of the nodes holds it. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Nodes,
+    endpoints: Vec<String>,
+    /// All nodes, without passwords: the endpoint of errors about the set.
+    url: String,
+    layout: KeyLayout,
+    capabilities: Capabilities,
+    wakeups: Wakeups,
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("url", &self.inner.url)
+            .field("quorum", &quorum(self.inner.nodes.len()))
+            .field("node_timeout", &self.inner.nodes.timeout())
+            .finish()
+    }
+}
+
+impl RedlockBackend {
+    /// Connects to the nodes of a `redlock://host1:port1,host2:port2,...` URL
+    /// with default options (overridden by the URL's query).
+    pub async fn connect(url: &str) -> Result<RedlockBackend> {
+        Self::connect_with(url, RedlockOptions::default()).await
+    }
+
+    /// Connects with `options`; options in the URL's query win.
+    ///
+    /// Succeeds when a majority of the nodes answers within the connect
+    /// timeout; the others are retried in the background (a warning names them).
+    pub async fn connect_with(url: &str, options: RedlockOptions) -> Result<RedlockBackend> {
+        let (settings, options) = config::parse(url, options)?;
+        let n = settings.servers.len();
+        if n % 2 == 0 {
+            tracing::warn!(
+                url = %settings.url,
+                "{n} Redlock nodes need {} to agree and so survive {} failures, no more than {} nodes would; use an odd number",
+                quorum(n),
+                tolerated_failures(n),
+                n - 1
+            );
+        }
+        let nodes = Nodes::new(connections(&settings, &options)?, options.node_timeout);
+        // Connect to all at once; a minority may be down now and come back later.
+        let reachable = Nodes::new(nodes.nodes().to_vec(), options.connect_timeout);
+        let pings = reachable
+            .ask_all(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
+            .await;
+        let tally = Tally::new(pings.into_iter().map(reply_of).collect());
+        if !tally.has_quorum() {
+            let err = tally.to_error("connect", &settings.endpoints);
+            return Err(unavailable(&settings.url, err));
+        }
+        for (endpoint, why) in tally.to_error("connect", &settings.endpoints).failed {
+            tracing::warn!(%endpoint, reason = %why, "Redlock node unreachable; continuing with a majority");
+        }
+        let clients = (0..n)
+            .map(|i| settings.client(i))
+            .collect::<Result<Vec<_>>>()?;
+        let capabilities = Capabilities::new(BACKEND, SafetyModel::QuorumWithTimingAssumptions)
+            .with_fencing(
+                FencingGuarantee::Strict,
+                [
+                    Assumption::MajorityKeepsState,
+                    Assumption::ServerClockNeverStepsBack,
+                    Assumption::BoundedClockDrift,
+                    Assumption::BoundedDelaysAndPauses,
+                ],
+            )
+            .with_wake_up(WakeUp::PubSub)
+            .with_tolerated_server_failures(tolerated_failures(n))
+            .with_remaining_ttl(true);
+        Ok(RedlockBackend {
+            inner: Arc::new(Inner {
+                endpoints: settings.endpoints.clone(),
+                url: settings.url.clone(),
+                layout: settings.layout.clone(),
+                wakeups: Wakeups::start(clients, options.node_timeout, options.connect_timeout),
+                nodes,
+                capabilities,
+            }),
+        })
+    }
+
+    /// The number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// The number of nodes that must agree.
+    pub fn quorum(&self) -> usize {
+        quorum(self.inner.nodes.len())
+    }
+
+    /// The Redis names of the lock `key` on every node: its grant, its
+    /// fencing counter and its release channel.
+    pub fn redis_keys(&self, key: &str) -> LockKeys {
+        self.inner.layout.keys(key)
+    }
+
+    fn keys(&self, key: &LockKey) -> LockKeys {
+        self.inner.layout.keys(key.as_str())
+    }
+
+    /// Releases `owner`'s grant on the nodes picked by `which`, all at once.
+    async fn release_on(&self, keys: &LockKeys, owner: &OwnerToken, which: impl Fn(usize) -> bool) {
+        self.inner
+            .nodes
+            .ask(which, |mut c| async move {
+                scripts::release(&mut c, keys, owner).await
+            })
+            .await;
+    }
+
+    /// Makes `top`, the highest token of the granting majority, visible to
+    /// any later majority: once a majority of the GRANTING nodes holds a
+    /// counter of at least `top`, every later grant goes through one of
+    /// them, and only after this grant is gone there, so after this write.
+    /// (A node that did not grant may be granted to a later owner before a
+    /// write reaches it, so it does not count.)
+    async fn fence(
+        &self,
+        keys: &LockKeys,
+        granted: &Tally<FencingToken>,
+        ttl: Duration,
+    ) -> Result<FencingToken> {
+        let top = granted
+            .done()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(FencingToken::new(0));
+        let at_top: Vec<bool> = granted
+            .replies()
+            .iter()
+            .map(|r| *r == Reply::Done(top))
+            .collect();
+        let needs_raise: Vec<bool> = granted
+            .replies()
+            .iter()
+            .map(|r| matches!(r, Reply::Done(t) if *t < top))
+            .collect();
+        let q = quorum(self.inner.nodes.len());
+        if at_top.iter().filter(|x| **x).count() >= q {
+            return Ok(top);
+        }
+        let raised = self
+            .inner
+            .nodes
+            .ask(
+                |i| needs_raise[i],
+                |mut c| async move { scripts::write_back(&mut c, keys, top, ttl).await },
+            )
+            .await;
+        let replies: Vec<Reply<FencingToken>> = granted
+            .replies()
+            .iter()
+            .zip(raised)
+            .map(|(acquired, raised)| match raised {
+                Some(Ok(counter)) if counter >= top => Reply::Done(counter),
+                Some(Ok(counter)) => Reply::Failed(format!("counter stayed at {}", counter.get())),
+                Some(Err(why)) => Reply::Failed(why),
+                None => acquired.clone(),
+            })
+            .collect();
+        let written = Tally::new(replies);
+        if written.has_quorum() {
+            return Ok(top);
+        }
+        Err(unavailable(
+            &self.inner.url,
+            written.to_error("fencing write-back", &self.inner.endpoints),
+        ))
+    }
+}
+
+/// One lazily connected, multiplexed connection per node.
+fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec<Node>> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        // The per-node timeout bounds every request; the manager need not time them too.
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    (0..settings.servers.len())
+        .map(|i| {
+            let client = settings.client(i)?;
+            let connection = ConnectionManager::new_lazy_with_config(client, config.clone())
+                .map_err(|e| lock_redis_wire::map_error(BACKEND, &settings.endpoints[i], e))?;
+            Ok(Node {
+                endpoint: settings.endpoints[i].clone(),
+                connection,
+            })
+        })
+        .collect()
+}
+
+fn reply_of<T>(answer: NodeResult<T>) -> Reply<T> {
+    match answer {
+        Ok(t) => Reply::Done(t),
+        Err(why) => Reply::Failed(why),
+    }
+}
+
+fn unavailable(url: &str, err: QuorumError) -> Error {
+    tracing::debug!(error = %err, "no quorum");
+    Error::Unavailable {
+        backend: BACKEND,
+        endpoint: url.to_owned(),
+        reason: err.to_string(),
+        source: Some(Box::new(err)),
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
+        let keys = &self.keys(key);
+        let sent = Instant::now();
+        let answers = self
+            .inner
+            .nodes
+            .ask_all(|mut c| async move { scripts::acquire(&mut c, keys, owner, ttl).await })
+            .await;
+        let tally = Tally::new(
+            answers
+                .into_iter()
+                .map(|a| match a {
+                    Ok(AcquireReply::Granted(token)) => Reply::Done(token),
+                    Ok(AcquireReply::Contended(remaining)) => Reply::Refused { remaining },
+                    Err(why) => Reply::Failed(why),
+                })
+                .collect(),
+        );
+        // Any node that did not refuse may hold our grant, even one that
+        // seemed to fail (its reply may be what got lost).
+        let ours = |i: usize| !matches!(tally.replies()[i], Reply::Refused { .. });
+        if tally.has_quorum() {
+            let elapsed = sent.elapsed();
+            if validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)).is_none() {
+                self.release_on(keys, owner, ours).await;
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    endpoint: self.inner.url.clone(),
+                    reason: format!(
+                        "a quorum granted, but only after {elapsed:?}, which leaves no validity of a {ttl:?} TTL"
+                    ),
+                    source: None,
+                });
+            }
+            return match self.fence(keys, &tally, ttl).await {
+                Ok(token) => Ok(Grant::new(token).sent_at(sent)),
+                Err(e) => {
+                    self.release_on(keys, owner, ours).await;
+                    Err(e)
+                }
+            };
+        }
+        if (0..tally.nodes()).any(ours) {
+            self.release_on(keys, owner, ours).await;
+        }
+        if tally.refused_by_majority_of_possible() {
+            tracing::debug!(error = %tally.to_error("acquire", &self.inner.endpoints), "contended");
+            return Err(Error::Contended {
+                key: key.to_string(),
+                remaining: tally.free_in(),
+            });
+        }
+        Err(unavailable(
+            &self.inner.url,
+            tally.to_error("acquire", &self.inner.endpoints),
+        ))
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        wait: &Waiting,
+    ) -> Result<Grant> {
+        // A first attempt before subscribing: an uncontended acquire then
+        // costs no SUBSCRIBE round trip. The wait loop subscribes and tries
+        // again, so a release between this attempt and the subscription
+        // is still seen.
+        match self.try_acquire(key, owner, ttl).await {
+            Ok(grant) => return Ok(grant),
+            Err(e) if e.is_contended() || e.is_unavailable() => {
+                if Instant::now() >= wait.until {
+                    return Err(if e.is_contended() {
+                        wait.timed_out(key)
+                    } else {
+                        e
+                    });
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        lock_core::wait::poll_until_granted(self, key, owner, ttl, wait).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let keys = &self.keys(lease.key());
+        let owner = lease.owner();
+        let answers = self
+            .inner
+            .nodes
+            .ask_all(|mut c| async move { scripts::extend(&mut c, keys, owner, ttl).await })
+            .await;
+        let tally = Tally::new(
+            answers
+                .into_iter()
+                .map(|a| match a {
+                    Ok(true) => Reply::Done(()),
+                    Ok(false) => Reply::Refused { remaining: None },
+                    Err(why) => Reply::Failed(why),
+                })
+                .collect(),
+        );
+        let key = lease.key().as_str();
+        if tally.has_quorum() {
+            // The majority must have answered while the lease still held:
+            // after its deadline another owner may have taken the key.
+            return if lease.is_within_deadline() {
+                Ok(())
+            } else {
+                Err(Error::lost(key, LostReason::DeadlinePassed))
+            };
+        }
+        if tally.refused_by_majority_of_possible() {
+            return Err(Error::lost(key, LostReason::NotHeld));
+        }
+        // Not known to be lost: the earlier grant stands until its deadline,
+        // so the caller may retry until then.
+        Err(unavailable(
+            &self.inner.url,
+            tally.to_error("extend", &self.inner.endpoints),
+        ))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let keys = &self.keys(lease.key());
+        let owner = lease.owner();
+        let answers = self
+            .inner
+            .nodes
+            .ask_all(|mut c| async move { scripts::release(&mut c, keys, owner).await })
+            .await;
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
+            return Ok(());
+        }
+        if answers.iter().all(|a| matches!(a, Ok(false))) {
+            return Err(Error::lost(lease.key().as_str(), LostReason::NotHeld));
+        }
+        // No node deleted it, and some did not answer: it may still be held there.
+        let tally: Tally<()> = Tally::new(
+            answers
+                .into_iter()
+                .map(|a| match a {
+                    Ok(_) => Reply::Refused { remaining: None },
+                    Err(why) => Reply::Failed(why),
+                })
+                .collect(),
+        );
+        Err(unavailable(
+            &self.inner.url,
+            tally.to_error("release", &self.inner.endpoints),
+        ))
+    }
+
+    async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {
+        self.inner.wakeups.on_release(self.keys(key).channel).await
+    }
+}

@@ -1,0 +1,214 @@
+//! Wake-ups: a release message from ANY node wakes the waiters of its key.
+//!
+//! One pub/sub connection per node, shared by every waiter of this backend.
+//! Each node's connection is driven by one task that subscribes a channel
+//! while somebody waits on it, reconnects after a failure and resubscribes.
+//! A message missed meanwhile costs the waiter latency, never liveness: the
+//! wait loop keeps polling with backoff.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use lock_core::WakeUpFuture;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// The waiters' side: which channels are wanted, and a way to wake them.
+#[derive(Debug, Default)]
+struct Interest {
+    channels: HashMap<String, Channel>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    waiters: usize,
+    /// Bumped on every release message, from any node.
+    released: watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+enum Command {
+    Subscribe(String, oneshot::Sender<()>),
+    Unsubscribe(String),
+}
+
+/// The pub/sub connections of all nodes, shared by all waiters.
+#[derive(Debug, Clone)]
+pub(crate) struct Wakeups {
+    interest: Arc<Mutex<Interest>>,
+    nodes: Arc<Vec<mpsc::UnboundedSender<Command>>>,
+    node_timeout: Duration,
+}
+
+impl Wakeups {
+    /// Starts one subscriber task per node (connecting lazily, on the first
+    /// subscription). Must be called within a tokio runtime.
+    pub(crate) fn start(
+        clients: Vec<redis::Client>,
+        node_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        let interest = Arc::new(Mutex::new(Interest::default()));
+        let nodes = clients
+            .into_iter()
+            .map(|client| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(subscriber(
+                    client,
+                    Arc::downgrade(&interest),
+                    rx,
+                    connect_timeout,
+                ));
+                tx
+            })
+            .collect();
+        Wakeups {
+            interest,
+            nodes: Arc::new(nodes),
+            node_timeout,
+        }
+    }
+
+    /// Registers a waiter on `channel` and subscribes it on every node,
+    /// waiting at most the per-node timeout for each confirmation. `None`
+    /// when no node confirmed (the waiter then polls).
+    pub(crate) async fn on_release(&self, channel: String) -> Option<WakeUpFuture> {
+        let mut released = {
+            let mut interest = lock(&self.interest);
+            let entry = interest
+                .channels
+                .entry(channel.clone())
+                .or_insert_with(|| Channel {
+                    waiters: 0,
+                    released: watch::channel(0).0,
+                });
+            entry.waiters += 1;
+            entry.released.subscribe()
+        };
+        let registration = Registration {
+            wakeups: self.clone(),
+            channel: channel.clone(),
+        };
+        let confirmations = self.nodes.iter().map(|node| {
+            let (ack, confirmed) = oneshot::channel();
+            let sent = node.send(Command::Subscribe(channel.clone(), ack)).is_ok();
+            async move {
+                sent && tokio::time::timeout(self.node_timeout, confirmed)
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+            }
+        });
+        let confirmed = join_all(confirmations)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count();
+        if confirmed == 0 {
+            return None;
+        }
+        released.borrow_and_update();
+        Some(Box::pin(async move {
+            let _registration = registration;
+            let _ = released.changed().await;
+        }))
+    }
+}
+
+/// Keeps a channel subscribed while its waiter's future lives.
+struct Registration {
+    wakeups: Wakeups,
+    channel: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut interest = lock(&self.wakeups.interest);
+        let Some(entry) = interest.channels.get_mut(&self.channel) else {
+            return;
+        };
+        entry.waiters -= 1;
+        if entry.waiters == 0 {
+            interest.channels.remove(&self.channel);
+            for node in self.wakeups.nodes.iter() {
+                let _ = node.send(Command::Unsubscribe(self.channel.clone()));
+            }
+        }
+    }
+}
+
+fn lock(interest: &Mutex<Interest>) -> MutexGuard<'_, Interest> {
+    // Every update is a single insert, remove or counter change: a panic
+    // elsewhere cannot leave the map inconsistent.
+    interest.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drives one node's pub/sub connection until the backend is dropped.
+async fn subscriber(
+    client: redis::Client,
+    interest: std::sync::Weak<Mutex<Interest>>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    connect_timeout: Duration,
+) {
+    let mut retry = Duration::from_millis(50);
+    loop {
+        // Connect only when somebody waits: idle backends hold no pub/sub connection.
+        let first = match commands.recv().await {
+            None => return,
+            Some(Command::Unsubscribe(_)) => continue,
+            Some(Command::Subscribe(channel, ack)) => (channel, ack),
+        };
+        let pubsub = match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => pubsub,
+            _ => {
+                drop(first);
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        retry = Duration::from_millis(50);
+        let (mut sink, mut messages) = pubsub.split();
+        let wanted: Vec<String> = match interest.upgrade() {
+            Some(i) => lock(&i).channels.keys().cloned().collect(),
+            None => return,
+        };
+        let mut healthy = true;
+        for channel in wanted {
+            healthy &= sink.subscribe(&channel).await.is_ok();
+        }
+        if healthy && sink.subscribe(&first.0).await.is_ok() {
+            let _ = first.1.send(());
+        }
+        while healthy {
+            tokio::select! {
+                message = messages.next() => match message {
+                    None => healthy = false,
+                    Some(message) => {
+                        let Some(interest) = interest.upgrade() else { return };
+                        if let Some(entry) = lock(&interest).channels.get(message.get_channel_name()) {
+                            entry.released.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                    }
+                },
+                command = commands.recv() => match command {
+                    None => return,
+                    Some(Command::Subscribe(channel, ack)) => {
+                        healthy = sink.subscribe(&channel).await.is_ok();
+                        if healthy {
+                            let _ = ack.send(());
+                        }
+                    }
+                    Some(Command::Unsubscribe(channel)) => {
+                        let Some(interest) = interest.upgrade() else { return };
+                        let unused = !lock(&interest).channels.contains_key(&channel);
+                        if unused {
+                            healthy = sink.unsubscribe(&channel).await.is_ok();
+                        }
+                    }
+                },
+            }
+        }
+    }
+}
