@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Capabilities, Grant, Lease, LockKey, LostReason, OwnerToken, Result, Waiting};
+use crate::{
+    Capabilities, Error, Grant, HeldLock, Lease, LockKey, LostReason, OwnerToken, Result, Waiting,
+};
 
 /// A future that completes when a lock may have been released.
 pub type WakeUpFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -73,5 +75,25 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// connection dying). `None` when renewal is the only way to notice.
     fn loss_signal(&self, _lease: &Lease) -> Option<LossFuture> {
         None
+    }
+
+    /// Operator view: the locks held now whose keys start with `prefix`,
+    /// sorted by key. Optional; the default answers
+    /// [`Error::Unsupported`].
+    async fn inspect(&self, _prefix: &str) -> Result<Vec<HeldLock>> {
+        Err(Error::unsupported(
+            self.capabilities().backend,
+            "listing held locks",
+        ))
+    }
+
+    /// Operator action: deletes the grant on `key` whoever holds it, so that
+    /// its holder's next renewal fails as lost. Returns whether a grant
+    /// existed. Optional; the default answers [`Error::Unsupported`].
+    async fn force_release(&self, _key: &LockKey) -> Result<bool> {
+        Err(Error::unsupported(
+            self.capabilities().backend,
+            "force-releasing a lock",
+        ))
     }
 }

@@ -92,6 +92,16 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The backend does not offer this optional operation (for example the
+    /// operator's listing of held locks).
+    #[error("the {backend} backend does not support {operation}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// What was asked.
+        operation: &'static str,
+    },
+
     /// The backend answered with an error that fits no other kind.
     #[error("{backend} backend error: {message}")]
     Backend {
@@ -151,6 +161,11 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::Unsupported`].
+    pub fn unsupported(backend: &'static str, operation: &'static str) -> Self {
+        Error::Unsupported { backend, operation }
+    }
+
     /// Builds an [`Error::Lost`].
     pub fn lost(key: impl Into<String>, reason: LostReason) -> Self {
         Error::Lost {
@@ -177,6 +192,11 @@ impl Error {
     /// True for [`Error::InvalidInput`].
     pub fn is_invalid_input(&self) -> bool {
         matches!(self, Error::InvalidInput { .. })
+    }
+
+    /// True for [`Error::Unsupported`].
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::Unsupported { .. })
     }
 
     /// True for [`Error::Unavailable`].

@@ -10,6 +10,7 @@ mod key;
 mod lease;
 mod locker;
 mod memory;
+mod operator;
 mod owner;
 pub mod url;
 pub mod validate;
@@ -27,6 +28,7 @@ pub use key::LockKey;
 pub use lease::{Grant, Lease, LeaseState};
 pub use locker::{Locker, LockerOptions};
 pub use memory::MemoryBackend;
+pub use operator::HeldLock;
 pub use owner::{OwnerToken, Secret};
 pub use wait::{Backoff, Waiting};
 

@@ -10,8 +10,8 @@ use tracing::{Instrument, debug_span, field};
 
 use crate::guard::{GuardOptions, LockGuard};
 use crate::{
-    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, Lease, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, Waiting, validate,
+    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, HeldLock, Lease,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, Waiting, validate,
 };
 
 /// Settings of a [`Locker`] that apply to every backend.
@@ -234,5 +234,26 @@ impl Locker {
             tracing::warn!(key, error = %e, "release after with_lock failed");
         }
         Ok(output)
+    }
+
+    /// Operator view: the locks held now under `prefix` (all when empty),
+    /// sorted by key. [`Error::Unsupported`] when the backend cannot list.
+    pub async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let span = self.span("inspect", prefix);
+        self.backend.inspect(prefix).instrument(span).await
+    }
+
+    /// Operator action: deletes the grant on `key` whoever holds it; its
+    /// holder learns at its next renewal (or at once, where the backend
+    /// signals losses). Returns whether a grant existed.
+    /// [`Error::Unsupported`] when the backend cannot do this.
+    pub async fn force_release(&self, key: &str) -> Result<bool> {
+        let span = self.span("force_release", key);
+        async {
+            let key = self.key(key)?;
+            self.backend.force_release(&key).await
+        }
+        .instrument(span)
+        .await
     }
 }

@@ -10,8 +10,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, LockBackend,
-    LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, HeldLock, Lease,
+    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
+    WakeUpFuture,
 };
 
 /// Locks kept in this process's memory. Clones share the same locks.
@@ -259,6 +260,40 @@ impl LockBackend for MemoryBackend {
             state.slots.remove(key);
         }
         Ok(())
+    }
+
+    async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let mut held: Vec<_> = state
+            .slots
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .filter_map(|(k, s)| {
+                s.live_holder(now).map(|h| {
+                    HeldLock::new(k.clone())
+                        .with_remaining(h.expires_at - now)
+                        .with_fencing_token(h.token)
+                })
+            })
+            .collect();
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(held)
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        Ok(state.slots.get_mut(key.as_str()).is_some_and(|s| {
+            let live = s.live_holder(now).is_some();
+            s.remove(LostReason::NotHeld) && live
+        }))
     }
 
     async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {

@@ -1,0 +1,43 @@
+//! The operator's view of a backend: which locks are held, and removing one
+//! by force. Optional: backends that cannot tell answer
+//! [`Error::Unsupported`](crate::Error::Unsupported).
+
+use std::time::Duration;
+
+use crate::FencingToken;
+
+/// A lock held right now, as an operator sees it (no owner token: that stays
+/// secret to the holder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldLock {
+    /// The lock's key, as the user named it.
+    pub key: String,
+    /// How long until it expires unless renewed, when the backend can tell.
+    pub remaining: Option<Duration>,
+    /// The holder's fencing token, when the backend can tell.
+    pub fencing_token: Option<FencingToken>,
+}
+
+impl HeldLock {
+    /// A held lock with only its key known.
+    pub fn new(key: impl Into<String>) -> Self {
+        HeldLock {
+            key: key.into(),
+            remaining: None,
+            fencing_token: None,
+        }
+    }
+
+    /// Records the remaining TTL.
+    pub fn with_remaining(mut self, remaining: Duration) -> Self {
+        self.remaining = Some(remaining);
+        self
+    }
+
+    /// Records the holder's fencing token.
+    pub fn with_fencing_token(mut self, token: FencingToken) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+}
