@@ -1,1 +1,325 @@
 #![doc = include_str!("../README.md")]
+
+mod connection;
+mod view;
+mod wake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::url::ServerUrl;
+use lock_core::{
+    Assumption, Capabilities, Error, FencingGuarantee, Grant, Lease, Limits, LockBackend, LockKey,
+    LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
+};
+use lock_redis_wire::scripts::{self, AcquireReply};
+pub use lock_redis_wire::{KeyLayout, Timeouts};
+use lock_redis_wire::{RedisSettings, map_error};
+
+use crate::connection::Conn;
+pub use crate::view::{HeldLock, LockReport};
+use crate::wake::Wakeups;
+
+/// The URL schemes this backend serves.
+///
+/// `redis://` one server; `redis+cluster://h1,h2,...` a Redis Cluster by its
+/// seed nodes. `rediss://` (TLS) is recognised and refused with an
+/// explanation: this build has no TLS support.
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster"];
+
+/// Settings of a [`RedisBackend`]: what the URL says, adjustable in code.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    settings: RedisSettings,
+    cluster: bool,
+}
+
+impl RedisOptions {
+    /// Reads a `redis://`, `rediss://` or `redis+cluster://` URL (see the
+    /// crate docs for its options).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = ServerUrl::parse(url)?;
+        let (tls, cluster) = match parsed.scheme.as_str() {
+            "redis" => (false, false),
+            "rediss" => (true, false),
+            "redis+cluster" => (false, true),
+            other => {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "{parsed}: scheme `{other}` is not served by the redis backend; use {}",
+                        SCHEMES.join(", ")
+                    ),
+                ));
+            }
+        };
+        if tls {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{parsed}: rediss:// (TLS) needs a `tls` cargo feature that lock-redis does not offer yet; use redis:// over a TLS tunnel"
+                ),
+            ));
+        }
+        let settings = RedisSettings::from_url(&parsed, tls, &[])?;
+        if !cluster && settings.servers.len() > 1 {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{parsed}: names {} servers; use redis+cluster:// for a cluster, redlock:// for independent masters",
+                    settings.servers.len()
+                ),
+            ));
+        }
+        if cluster && settings.db() != 0 {
+            return Err(Error::invalid(
+                "url",
+                format!("{parsed}: Redis Cluster has only database 0"),
+            ));
+        }
+        Ok(RedisOptions { settings, cluster })
+    }
+
+    /// Puts locks under `prefix` instead of the URL's (default `lockkit:`).
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
+        self.settings.layout = KeyLayout::new(prefix)?;
+        Ok(self)
+    }
+
+    /// Replaces the connect and response timeouts.
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.settings.timeouts = timeouts;
+        self
+    }
+}
+
+/// Locks on one Redis server, or on a Redis Cluster.
+///
+/// Cheap to clone; clones share the connection and the wake-up subscription.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    settings: RedisSettings,
+    cluster: bool,
+    /// The endpoint named in errors: the server, or the cluster's seed list.
+    endpoint: String,
+    wakeups: Wakeups,
+    capabilities: Capabilities,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.inner.endpoint)
+            .field("prefix", &self.inner.settings.layout.prefix())
+            .field("cluster", &self.inner.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Connects as the URL says. Fails with [`Error::Unavailable`] (naming the
+    /// endpoint) when no server answers within the connect timeout, and with
+    /// [`Error::Auth`] when the server refuses the credentials.
+    pub async fn connect(url: &str) -> Result<RedisBackend> {
+        Self::connect_with(RedisOptions::from_url(url)?).await
+    }
+
+    /// Connects with explicit options.
+    pub async fn connect_with(options: RedisOptions) -> Result<RedisBackend> {
+        let RedisOptions { settings, cluster } = options;
+        let backend = if cluster { "redis-cluster" } else { "redis" };
+        let conn = Conn::open(backend, &settings, cluster).await?;
+        let endpoint = if cluster {
+            settings.url.clone()
+        } else {
+            settings.endpoints[0].clone()
+        };
+        let inner = Inner {
+            conn,
+            wakeups: Wakeups::new(&settings),
+            capabilities: capabilities(backend),
+            endpoint,
+            settings,
+            cluster,
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Where locks live.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.inner.settings.layout
+    }
+
+    /// The locks held under the prefix with their remaining TTL, and the keys
+    /// under the prefix that have no TTL (leaks). Scans every master of a
+    /// cluster; on a busy server this walks the whole keyspace with `SCAN`.
+    pub async fn locks(&self) -> Result<LockReport> {
+        let inner = &self.inner;
+        let backend = inner.capabilities.backend;
+        let mut report = LockReport::default();
+        if inner.cluster {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async(&mut inner.conn.clone())
+                .await
+                .map_err(|e| self.error(e))?;
+            let template = &inner.settings.servers[0];
+            for (host, port) in view::cluster_masters(&nodes) {
+                let endpoint = format!("redis+cluster://{host}:{port}");
+                let info = template
+                    .clone()
+                    .set_addr(redis::ConnectionAddr::Tcp(host, port));
+                let client =
+                    redis::Client::open(info).map_err(|e| map_error(backend, &endpoint, e))?;
+                let mut conn = tokio::time::timeout(
+                    inner.settings.timeouts.connect,
+                    client.get_multiplexed_async_connection(),
+                )
+                .await
+                .map_err(|_| {
+                    lock_redis_wire::errors::timed_out(
+                        backend,
+                        &endpoint,
+                        "connection",
+                        inner.settings.timeouts.connect,
+                    )
+                })?
+                .map_err(|e| map_error(backend, &endpoint, e))?;
+                view::scan_into(
+                    &mut conn,
+                    &inner.settings.layout,
+                    &endpoint,
+                    backend,
+                    &mut report,
+                )
+                .await?;
+            }
+        } else {
+            view::scan_into(
+                &mut inner.conn.clone(),
+                &inner.settings.layout,
+                &inner.endpoint,
+                backend,
+                &mut report,
+            )
+            .await?;
+        }
+        report.held.sort_by(|a, b| a.key.cmp(&b.key));
+        report.leaks.sort();
+        Ok(report)
+    }
+
+    /// Deletes the lock `key` whoever holds it, and wakes its waiters: for an
+    /// operator clearing a stuck or leaked lock. Its holder is not told; it
+    /// finds out at its next renewal. Returns whether there was a lock.
+    pub async fn break_lock(&self, key: &str) -> Result<bool> {
+        let keys = self.inner.settings.layout.keys(key);
+        let mut conn = self.inner.conn.clone();
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&keys.channel)
+            .arg("released")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(deleted == 1)
+    }
+
+    fn error(&self, e: redis::RedisError) -> Error {
+        map_error(self.inner.capabilities.backend, &self.inner.endpoint, e)
+    }
+
+    #[doc(hidden)]
+    pub fn subscribed_channels(&self) -> usize {
+        self.inner.wakeups.subscribed_channels()
+    }
+
+    #[doc(hidden)]
+    pub fn has_subscription_connection(&self) -> bool {
+        self.inner.wakeups.has_connection()
+    }
+}
+
+fn capabilities(backend: &'static str) -> Capabilities {
+    Capabilities::new(backend, SafetyModel::SingleNode)
+        // Tokens are max(counter + 1, server clock in µs): a lost counter
+        // (restart without persistence, old snapshot, failover) falls back to the clock.
+        .with_fencing(
+            FencingGuarantee::Strict,
+            [Assumption::ServerClockNeverStepsBack],
+        )
+        .with_wake_up(WakeUp::PubSub)
+        .with_remaining_ttl(true)
+        .with_lock_outlives_connection(true)
+        .with_tolerated_server_failures(0)
+        .with_limits(Limits {
+            min_ttl: Duration::from_millis(10),
+            ttl_granularity: Duration::from_millis(1),
+            ..Limits::default()
+        })
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
+        let keys = self.inner.settings.layout.keys(key.as_str());
+        let reply = scripts::acquire(&mut self.inner.conn.clone(), &keys, owner, ttl)
+            .await
+            .map_err(|e| self.error(e))?;
+        match reply {
+            AcquireReply::Granted(token) => Ok(Grant::new(token)),
+            AcquireReply::Contended(remaining) => Err(Error::Contended {
+                key: key.to_string(),
+                remaining,
+            }),
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let keys = self.inner.settings.layout.keys(lease.key().as_str());
+        let extended = scripts::extend(&mut self.inner.conn.clone(), &keys, lease.owner(), ttl)
+            .await
+            .map_err(|e| self.error(e))?;
+        if extended {
+            Ok(())
+        } else {
+            Err(Error::lost(lease.key().as_str(), LostReason::NotHeld))
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let keys = self.inner.settings.layout.keys(lease.key().as_str());
+        let released = scripts::release(&mut self.inner.conn.clone(), &keys, lease.owner())
+            .await
+            .map_err(|e| self.error(e))?;
+        if released {
+            Ok(())
+        } else {
+            Err(Error::lost(lease.key().as_str(), LostReason::NotHeld))
+        }
+    }
+
+    async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {
+        let keys = self.inner.settings.layout.keys(key.as_str());
+        Some(
+            self.inner
+                .wakeups
+                .on_release(keys.channel, keys.lock, self.inner.conn.clone()),
+        )
+    }
+}

@@ -1,0 +1,120 @@
+//! The operator view: which locks are held under the prefix, for how much
+//! longer, and which keys under the prefix would never expire (leaks).
+
+use std::time::Duration;
+
+use lock_core::Result;
+use lock_redis_wire::keys::StoredKey;
+use lock_redis_wire::{KeyLayout, map_error};
+use redis::aio::ConnectionLike;
+
+/// A lock held right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The lock's key, as the user named it.
+    pub key: String,
+    /// How long until it expires unless renewed.
+    pub remaining: Duration,
+}
+
+/// What [`RedisBackend::locks`](crate::RedisBackend::locks) found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockReport {
+    /// Locks held, sorted by key.
+    pub held: Vec<HeldLock>,
+    /// Redis keys under the prefix without a TTL, sorted. Every key this
+    /// backend writes expires, so these were written by something else (or
+    /// had their TTL removed) and would block their lock forever.
+    pub leaks: Vec<String>,
+}
+
+const SCAN_BATCH: usize = 500;
+
+/// Scans one server's keys under `layout` into `report`.
+pub(crate) async fn scan_into<C: ConnectionLike + Send>(
+    conn: &mut C,
+    layout: &KeyLayout,
+    endpoint: &str,
+    backend: &'static str,
+    report: &mut LockReport,
+) -> Result<()> {
+    let pattern = layout.scan_pattern();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(SCAN_BATCH)
+            .query_async(conn)
+            .await
+            .map_err(|e| map_error(backend, endpoint, e))?;
+        if !names.is_empty() {
+            let mut pipe = redis::pipe();
+            for name in &names {
+                pipe.cmd("PTTL").arg(name);
+            }
+            let ttls: Vec<i64> = pipe
+                .query_async(conn)
+                .await
+                .map_err(|e| map_error(backend, endpoint, e))?;
+            for (name, ttl) in names.into_iter().zip(ttls) {
+                match (ttl, layout.parse(&name)) {
+                    (-2, _) => {} // expired between SCAN and PTTL
+                    (-1, _) => report.leaks.push(name),
+                    (ms, Some(StoredKey::Lock(key))) => report.held.push(HeldLock {
+                        key,
+                        remaining: Duration::from_millis(ms.max(0) as u64),
+                    }),
+                    _ => {}
+                }
+            }
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// The `host:port` of every master of a Redis Cluster, from `CLUSTER NODES`.
+pub(crate) fn cluster_masters(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = fields.nth(1)?;
+            let flags = fields.next()?;
+            let flags: Vec<&str> = flags.split(',').collect();
+            if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+                return None;
+            }
+            let host_port = address.split('@').next()?;
+            let (host, port) = host_port.rsplit_once(':')?;
+            Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masters_from_cluster_nodes() {
+        let nodes = "\
+07c3 127.0.0.1:30004@31004,host-a slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+292f 127.0.0.1:30003@31003 myself,master - 0 1426238318243 3 connected 10923-16383
+6ec2 127.0.0.1:30005@31005 master,fail - 0 1426238316232 5 disconnected
+";
+        assert_eq!(
+            cluster_masters(nodes),
+            [
+                ("127.0.0.1".to_owned(), 30002),
+                ("127.0.0.1".to_owned(), 30003)
+            ]
+        );
+    }
+}
