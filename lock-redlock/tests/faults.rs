@@ -1,0 +1,246 @@
+//! Redlock with real, private Redis nodes that are paused, pre-loaded with
+//! foreign grants, or restarted empty.
+
+use std::time::Duration;
+
+use lock_core::{Error, Locker};
+use lock_redlock::{QuorumError, RedlockBackend, RedlockOptions};
+use lock_testkit::RedisNodes;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+/// Larger than the default so a loaded test machine does not fail the live
+/// nodes, still far below what a paused node would cost without it (forever).
+const NODE_TIMEOUT: Duration = Duration::from_millis(200);
+
+async fn connect(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
+    let options = RedlockOptions::default().node_timeout(NODE_TIMEOUT);
+    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        .await
+        .expect("connect");
+    (backend.clone(), Locker::new(backend))
+}
+
+/// Whether node `i` holds the grant of `key` (anyone's).
+fn holds(nodes: &RedisNodes, backend: &RedlockBackend, i: usize, key: &str) -> bool {
+    nodes
+        .node(i)
+        .cli(&["EXISTS", &backend.redis_keys(key).lock])
+        .expect("redis-cli")
+        == "1"
+}
+
+/// Resumes paused nodes even when an assertion fails, so that dropping the
+/// node set can reap them.
+struct Paused<'a>(&'a RedisNodes, Vec<usize>);
+
+impl<'a> Paused<'a> {
+    fn pause(nodes: &'a RedisNodes, which: &[usize]) -> Self {
+        for &i in which {
+            nodes.node(i).pause().expect("SIGSTOP");
+        }
+        Paused(nodes, which.to_vec())
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        for &i in &self.1 {
+            let _ = self.0.node(i).resume();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_five_paused_still_lock_extend_and_release_within_the_node_timeout() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    let (backend, locker) = connect(&nodes).await;
+    let _paused = Paused::pause(&nodes, &[0, 3]);
+
+    let started = Instant::now();
+    let mut lease = locker
+        .try_acquire("two-paused", TTL)
+        .await
+        .expect("a majority is up");
+    let took = started.elapsed();
+    // All nodes are asked at once, so the paused ones cost one node timeout, not more.
+    assert!(
+        took < NODE_TIMEOUT + Duration::from_millis(800),
+        "acquire took {took:?}"
+    );
+    for i in [1, 2, 4] {
+        assert!(
+            holds(&nodes, &backend, i, "two-paused"),
+            "live node {i} lacks the grant"
+        );
+    }
+    assert!(
+        locker
+            .try_acquire("two-paused", TTL)
+            .await
+            .unwrap_err()
+            .is_contended()
+    );
+
+    let started = Instant::now();
+    locker
+        .extend(&mut lease, TTL)
+        .await
+        .expect("extend on a majority");
+    assert!(
+        started.elapsed() < NODE_TIMEOUT + Duration::from_millis(800),
+        "extend took {:?}",
+        started.elapsed()
+    );
+    locker.release(lease).await.expect("release on a majority");
+    for i in [1, 2, 4] {
+        assert!(
+            !holds(&nodes, &backend, i, "two-paused"),
+            "live node {i} still holds the grant"
+        );
+    }
+    locker
+        .try_acquire("two-paused", TTL)
+        .await
+        .expect("free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_paused_fail_with_the_quorum_error_and_leave_nothing_held() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    let (backend, locker) = connect(&nodes).await;
+    let paused = Paused::pause(&nodes, &[0, 2, 4]);
+
+    let err = locker.try_acquire("three-paused", TTL).await.unwrap_err();
+    let Error::Unavailable { ref source, .. } = err else {
+        panic!("expected unavailable, got {err}")
+    };
+    let quorum = source
+        .as_ref()
+        .and_then(|s| s.downcast_ref::<QuorumError>())
+        .expect("a QuorumError source");
+    assert_eq!(
+        (
+            quorum.done.len(),
+            quorum.refused.len(),
+            quorum.failed.len(),
+            quorum.needed
+        ),
+        (2, 0, 3, 3),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("2 of 5 nodes agreed (3 needed)") && text.contains("3 failed or timed out"),
+        "{text}"
+    );
+    for port in [0, 2, 4].map(|i| nodes.node(i).port()) {
+        assert!(
+            text.contains(&format!(":{port}")),
+            "{text} does not name the paused node on port {port}"
+        );
+    }
+    for i in [1, 3] {
+        assert!(
+            !holds(&nodes, &backend, i, "three-paused"),
+            "live node {i} kept a grant of a failed acquire"
+        );
+    }
+
+    drop(paused);
+    locker
+        .try_acquire("three-paused", TTL)
+        .await
+        .expect("a majority is back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_on_a_minority_never_counts() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    let (backend, locker) = connect(&nodes).await;
+    let lock = backend.redis_keys("minority").lock;
+    // Another owner holds the key on three nodes: we can win at most two.
+    for i in [0, 1, 2] {
+        nodes
+            .node(i)
+            .cli(&["SET", &lock, "someone-else", "PX", "60000"])
+            .expect("SET");
+    }
+    let err = locker.try_acquire("minority", TTL).await.unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    for i in [3, 4] {
+        assert!(
+            !holds(&nodes, &backend, i, "minority"),
+            "node {i} kept the minority grant"
+        );
+    }
+    for i in [0, 1, 2] {
+        assert_eq!(
+            nodes.node(i).cli(&["GET", &lock]).unwrap(),
+            "someone-else",
+            "the other owner's grant was touched"
+        );
+    }
+    // With the other owner on two nodes only, the other three are a majority.
+    nodes.node(0).cli(&["DEL", &lock]).expect("DEL");
+    let lease = locker
+        .try_acquire("minority", TTL)
+        .await
+        .expect("three of five is a majority");
+    locker.release(lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_after_two_nodes_restart_empty() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    let (backend, locker) = connect(&nodes).await;
+    let counter = backend.redis_keys("restarts").counter;
+    // Node 0's counter far ahead of every clock (as if its clock ran fast):
+    // the token comes from it, and only the write-back to the others keeps
+    // it once node 0 forgets it.
+    let ahead: u64 = nodes
+        .node(0)
+        .cli(&["TIME"])
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1_000_000
+        + 1_000_000_000_000;
+    nodes
+        .node(0)
+        .cli(&["SET", &counter, &ahead.to_string()])
+        .expect("SET");
+
+    let lease = locker.try_acquire("restarts", TTL).await.expect("acquire");
+    let before = lease.fencing_token();
+    assert!(
+        before.get() > ahead,
+        "the token {before:?} ignores node 0's counter {ahead}"
+    );
+    locker.release(lease).await.expect("release");
+
+    for i in [0, 1] {
+        nodes.node(i).restart().expect("restart");
+        assert_eq!(
+            nodes.node(i).cli(&["EXISTS", &counter]).unwrap(),
+            "0",
+            "node {i} kept its data"
+        );
+    }
+    // The first request to a restarted node may find its old connection dead.
+    let lease = loop {
+        match locker.try_acquire("restarts", TTL).await {
+            Ok(lease) => break lease,
+            Err(e) if e.is_unavailable() => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(
+        lease.fencing_token() > before,
+        "{:?} after restarts is not above {before:?}",
+        lease.fencing_token()
+    );
+}
