@@ -1,1 +1,764 @@
 #![doc = include_str!("../README.md")]
+
+mod config;
+mod errors;
+mod queue;
+mod wake;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, TxnResponse};
+use lock_core::{
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, LockBackend,
+    LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp, async_trait,
+};
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+
+pub use config::{DEFAULT_PORT, EtcdOptions};
+use errors::{Endpoint, is_lease_gone};
+use queue::Queue;
+use wake::Watched;
+
+/// The URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["etcd"];
+
+/// Locks in an etcd cluster: each grant is a lease plus a queue entry bound
+/// to it, created in one transaction; the entry's create revision is the
+/// fencing token. Cheap to clone; clones share one client.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    endpoint: Endpoint,
+    prefix: String,
+    request_timeout: Duration,
+    capabilities: Capabilities,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoint", &self.inner.endpoint.0)
+            .field("prefix", &self.inner.prefix)
+            .field("request_timeout", &self.inner.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The holder of a lock as etcd sees it, for operators and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The etcd lease the holder's entry is bound to.
+    pub lease_id: i64,
+    /// The holder's fencing token (its entry's create revision).
+    pub fencing_token: FencingToken,
+}
+
+/// What a lease of this backend carries: its entry and its etcd lease.
+#[derive(Debug)]
+struct Held {
+    entry: Vec<u8>,
+    /// (etcd lease id, its TTL in seconds): both change when an extend asks
+    /// for another TTL, since an etcd lease keeps the TTL it was granted with.
+    lease: Mutex<(i64, i64)>,
+}
+
+impl Held {
+    fn lease(&self) -> (i64, i64) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where a lease's entry is and which etcd lease keeps it.
+struct Located<'a> {
+    entry: Vec<u8>,
+    lease_id: i64,
+    ttl_secs: i64,
+    /// Present when the lease came from this backend (not rebuilt): only
+    /// then is the etcd lease known to be the caller's own.
+    held: Option<&'a Held>,
+}
+
+/// A fresh queue entry, revoked on drop unless it became a grant.
+struct Entry {
+    entry: Vec<u8>,
+    lease_id: i64,
+    ttl_secs: i64,
+    revision: i64,
+    /// When the lease grant was sent: the lease's TTL runs from later.
+    sent: Instant,
+    revoke: RevokeOnDrop,
+}
+
+impl Entry {
+    fn into_grant(mut self, sent: Instant) -> Grant {
+        self.revoke.disarm();
+        let held = Held {
+            entry: self.entry,
+            lease: Mutex::new((self.lease_id, self.ttl_secs)),
+        };
+        Grant::new(FencingToken::new(self.revision as u64))
+            .sent_at(sent)
+            .with_state(Arc::new(held))
+    }
+}
+
+/// Revokes a lease when dropped (a cancelled or failed acquire), so that its
+/// entry leaves the queue at once rather than after the TTL. Without a
+/// runtime, or when the cluster cannot be reached, the TTL still bounds it.
+struct RevokeOnDrop {
+    backend: Option<EtcdBackend>,
+    lease_id: i64,
+}
+
+impl RevokeOnDrop {
+    fn disarm(&mut self) {
+        self.backend = None;
+    }
+
+    async fn now(mut self) {
+        if let Some(backend) = self.backend.take() {
+            backend.revoke_quietly(self.lease_id).await;
+        }
+    }
+}
+
+impl Drop for RevokeOnDrop {
+    fn drop(&mut self) {
+        if let (Some(backend), Ok(runtime)) =
+            (self.backend.take(), tokio::runtime::Handle::try_current())
+        {
+            let lease_id = self.lease_id;
+            runtime.spawn(async move { backend.revoke_quietly(lease_id).await });
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`
+    /// URL, with the options in its query (see [`EtcdOptions`]).
+    pub async fn connect(url: &str) -> Result<EtcdBackend> {
+        EtcdBackend::connect_with(url, EtcdOptions::default()).await
+    }
+
+    /// Connects with `options`; the URL's query overrides them.
+    ///
+    /// Reads the member list, so an unreachable cluster or one without a
+    /// quorum is reported here as [`Error::Unavailable`].
+    pub async fn connect_with(url: &str, options: EtcdOptions) -> Result<EtcdBackend> {
+        let parsed = config::parse(url)?;
+        let options = options.from_url(&parsed)?;
+        options.check()?;
+        let endpoint = Endpoint(parsed.to_string());
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            // A member without a leader answers at once with "no leader"
+            // instead of waiting for one.
+            .with_require_leader(true)
+            // Finds dead connections (a paused member) on idle watch streams too.
+            .with_keep_alive(
+                options.request_timeout.max(Duration::from_secs(1)),
+                options.request_timeout,
+            );
+        if let Some(user) = &options.user {
+            let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");
+            connect = connect.with_user(user.as_str(), password);
+        }
+        connect = with_tls(connect, &options)?;
+        let endpoints = config::endpoints(&parsed, options.ca_file.is_some());
+        let client = endpoint
+            .bounded(
+                "connect",
+                options.connect_timeout,
+                Client::connect(endpoints, Some(connect)),
+                |_| None,
+            )
+            .await?;
+        let mut c = client.clone();
+        let members = endpoint
+            .bounded(
+                "member list",
+                options.request_timeout,
+                c.member_list(),
+                |_| None,
+            )
+            .await?;
+        let voters = members
+            .members()
+            .iter()
+            .filter(|m| !m.is_learner())
+            .count()
+            .max(1);
+        let limits = lock_core::Limits {
+            min_ttl: options.min_ttl,
+            ttl_granularity: Duration::from_secs(1),
+            ..lock_core::Limits::default()
+        };
+        let capabilities = Capabilities::new("etcd", SafetyModel::Consensus)
+            .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
+            .with_wake_up(WakeUp::Watch)
+            .with_fifo_fairness(true)
+            .with_lock_outlives_connection(true)
+            .with_tolerated_server_failures((voters - 1) / 2)
+            .with_remaining_ttl(true)
+            .with_limits(limits);
+        let inner = Inner {
+            client,
+            endpoint,
+            prefix: options.prefix,
+            request_timeout: options.request_timeout,
+            capabilities,
+        };
+        Ok(EtcdBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    // ---- inspection and operator tools ----------------------------------
+
+    /// The current holder of `key`, if any: the entry with the lowest create
+    /// revision in the lock's queue.
+    pub async fn holder(&self, key: &str) -> Result<Option<Holder>> {
+        let queue = self.queue(&self.validate(key)?);
+        let mut c = self.client();
+        let resp = self
+            .call("get holder", c.get(queue.prefix(), Some(queue.head())))
+            .await?;
+        Ok(resp.kvs().first().map(|kv| Holder {
+            lease_id: kv.lease(),
+            fencing_token: FencingToken::new(kv.create_revision() as u64),
+        }))
+    }
+
+    /// How many entries the queue of `key` holds: the holder plus waiters.
+    pub async fn queue_len(&self, key: &str) -> Result<usize> {
+        let queue = self.queue(&self.validate(key)?);
+        let mut c = self.client();
+        let resp = self
+            .call(
+                "count queue",
+                c.get(
+                    queue.prefix(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+            )
+            .await?;
+        Ok(resp.count() as usize)
+    }
+
+    /// Revokes an etcd lease, deleting every entry bound to it: what an
+    /// operator (or a fault test) does to take a lock away from its holder.
+    pub async fn revoke_lease(&self, lease_id: i64) -> Result<()> {
+        let mut c = self.client();
+        self.call("lease revoke", c.lease_revoke(lease_id))
+            .await
+            .map(|_| ())
+    }
+
+    // ---- requests -------------------------------------------------------
+
+    fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    fn validate(&self, key: &str) -> Result<LockKey> {
+        lock_core::validate::key(key, &self.inner.capabilities.limits)
+    }
+
+    fn queue(&self, key: &LockKey) -> Queue {
+        Queue::new(&self.inner.prefix, key)
+    }
+
+    async fn call<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        self.inner
+            .endpoint
+            .bounded(what, self.inner.request_timeout, request, |_| None)
+            .await
+    }
+
+    /// A request on a lease: "lease not found" means the lock is lost.
+    async fn call_lease<T>(
+        &self,
+        key: &LockKey,
+        what: &str,
+        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        let lost = |e: &etcd_client::Error| {
+            is_lease_gone(e).then(|| Error::lost(key.as_str(), LostReason::NotHeld))
+        };
+        self.inner
+            .endpoint
+            .bounded(what, self.inner.request_timeout, request, lost)
+            .await
+    }
+
+    async fn txn(&self, what: &str, txn: etcd_client::Txn) -> Result<TxnResponse> {
+        let mut c = self.client();
+        self.call(what, c.txn(txn)).await
+    }
+
+    /// Grants a lease of exactly `ttl`; returns its id and when the grant was sent.
+    async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Instant)> {
+        let secs = ttl.as_secs() as i64;
+        let mut c = self.client();
+        let sent = Instant::now();
+        let resp = self.call("lease grant", c.lease_grant(secs, None)).await?;
+        if resp.ttl() != secs {
+            // etcd raises a TTL below its minimum (1.5 × election timeout) silently.
+            self.revoke_quietly(resp.id()).await;
+            return Err(Error::invalid(
+                "ttl",
+                format!(
+                    "ttl is {ttl:?}, but the etcd cluster grants leases of at least {}s (1.5 × its election timeout, \
+                     rounded up); use a longer TTL, or set `min_ttl_s={}` in the URL so that shorter ones are refused up front",
+                    resp.ttl(),
+                    resp.ttl()
+                ),
+            ));
+        }
+        Ok((resp.id(), sent))
+    }
+
+    async fn revoke_quietly(&self, lease_id: i64) {
+        let mut c = self.client();
+        if let Err(e) = self.call("lease revoke", c.lease_revoke(lease_id)).await {
+            tracing::debug!(backend = "etcd", error = %e, "lease revoke failed; its TTL ends it");
+        }
+    }
+
+    async fn keep_alive(&self, key: &LockKey, lease_id: i64) -> Result<()> {
+        let mut c = self.client();
+        self.call_lease(key, "lease keep-alive", async move {
+            c.lease_keep_alive(lease_id).await.map(|_| ())
+        })
+        .await
+    }
+
+    /// The holder's remaining TTL, in whole seconds rounded down (all etcd tells).
+    async fn remaining(&self, lease_id: i64) -> Option<Duration> {
+        let mut c = self.client();
+        let resp = self
+            .call("lease time-to-live", c.lease_time_to_live(lease_id, None))
+            .await
+            .ok()?;
+        (resp.ttl() > 0).then(|| Duration::from_secs(resp.ttl() as u64))
+    }
+
+    /// Grants a lease and puts this contender's entry in the queue. Returns
+    /// the entry and the create revision of the queue's head at that moment.
+    async fn enqueue(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<(Entry, Option<KeyValue>)> {
+        let (lease_id, sent) = self.grant_lease(ttl).await?;
+        let revoke = RevokeOnDrop {
+            backend: Some(self.clone()),
+            lease_id,
+        };
+        let queue = self.queue(key);
+        let entry = queue.entry(lease_id);
+        let resp = self
+            .txn("enqueue", queue.enqueue(&entry, lease_id, &owner.to_hex()))
+            .await?;
+        if !resp.succeeded() {
+            return Err(backend_error(
+                "enqueue: an entry for a freshly granted lease already exists",
+            ));
+        }
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let head = gets(&resp).into_iter().next().flatten();
+        let entry = Entry {
+            entry,
+            lease_id,
+            ttl_secs: ttl.as_secs() as i64,
+            revision,
+            sent,
+            revoke,
+        };
+        Ok((entry, head))
+    }
+
+    /// Finds the entry and etcd lease of `lease`: from its state, or, for a
+    /// lease rebuilt elsewhere, by its fencing token (its create revision).
+    async fn locate<'a>(&self, lease: &'a Lease) -> Result<Located<'a>> {
+        if let Some(held) = lease.state().and_then(|s| s.downcast_ref::<Held>()) {
+            let (lease_id, ttl_secs) = held.lease();
+            return Ok(Located {
+                entry: held.entry.clone(),
+                lease_id,
+                ttl_secs,
+                held: Some(held),
+            });
+        }
+        let not_held = || Error::lost(lease.key().as_str(), LostReason::NotHeld);
+        let revision = i64::try_from(lease.fencing_token().get()).map_err(|_| not_held())?;
+        let queue = self.queue(lease.key());
+        let mut c = self.client();
+        let resp = self
+            .call(
+                "find entry",
+                c.get(queue.prefix(), Some(queue.created_at(revision))),
+            )
+            .await?;
+        let kv = resp.kvs().first().ok_or_else(not_held)?;
+        if kv.value() != lease.owner().to_hex().as_bytes() {
+            return Err(not_held());
+        }
+        let mut c = self.client();
+        let ttl = self
+            .call_lease(
+                lease.key(),
+                "lease time-to-live",
+                c.lease_time_to_live(kv.lease(), None),
+            )
+            .await?;
+        Ok(Located {
+            entry: kv.key().to_vec(),
+            lease_id: kv.lease(),
+            ttl_secs: ttl.granted_ttl(),
+            held: None,
+        })
+    }
+
+    /// Waits in the queue until `entry` heads it. `Ok(None)`: the entry
+    /// vanished (its lease expired while the cluster was unreachable), so
+    /// the caller enqueues again.
+    async fn wait_in_queue(
+        &self,
+        key: &LockKey,
+        entry: Entry,
+        ttl: Duration,
+        wait: &Waiting,
+        last_error: &mut Option<Error>,
+    ) -> Result<Option<Grant>> {
+        let queue = self.queue(key);
+        // Keep-alives while waiting, so a wait longer than the TTL keeps its place.
+        let every = ttl / 3;
+        let mut refreshed = entry.sent;
+        let mut tries = 0u32;
+        loop {
+            let checked = self
+                .txn("queue check", queue.check(&entry.entry, entry.revision))
+                .await;
+            let (ahead, revision) = match checked {
+                Ok(resp) => {
+                    let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+                    let [ahead, mine] =
+                        <[Option<KeyValue>; 2]>::try_from(gets(&resp)).unwrap_or_default();
+                    if mine.is_none() {
+                        return Ok(None);
+                    }
+                    (ahead, revision)
+                }
+                Err(e @ Error::Unavailable { .. }) => {
+                    // Keep our place while the lease may still live; retry.
+                    if Instant::now() >= refreshed + ttl {
+                        return Err(e);
+                    }
+                    *last_error = Some(e);
+                    sleep(wait.backoff.delay(tries)).await;
+                    tries = tries.saturating_add(1);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            tries = 0;
+            let Some(ahead) = ahead else {
+                // First in line. Renew the lease before reporting success: the
+                // entry read above may belong to a lease that expired since
+                // (the gap Jepsen found in etcd 3.4.3's lock).
+                let sent = Instant::now();
+                return match self.keep_alive(key, entry.lease_id).await {
+                    Ok(()) => Ok(Some(entry.into_grant(sent))),
+                    Err(Error::Lost { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                };
+            };
+            let client = self.client();
+            let deleted = wake::deletion(
+                client,
+                ahead.key().to_vec(),
+                revision + 1,
+                self.inner.request_timeout,
+            );
+            tokio::select! {
+                watched = deleted => if watched == Watched::Broken {
+                    // Read again after a pause; a broken watch must not spin.
+                    sleep(wait.backoff.delay(0)).await;
+                },
+                () = sleep_until(refreshed + every) => {
+                    let sent = Instant::now();
+                    match self.keep_alive(key, entry.lease_id).await {
+                        Ok(()) => refreshed = sent,
+                        Err(Error::Lost { .. }) => return Ok(None),
+                        Err(e) => {
+                            *last_error = Some(e);
+                            if Instant::now() >= refreshed + ttl {
+                                return Ok(None);
+                            }
+                            sleep(wait.backoff.delay(tries)).await;
+                            tries = tries.saturating_add(1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn with_tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOptions> {
+    let Some(path) = &options.ca_file else {
+        return Ok(connect);
+    };
+    let pem = std::fs::read(path)
+        .map_err(|e| Error::invalid("ca_file", format!("cannot read `{path}`: {e}")))?;
+    let tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem));
+    Ok(connect.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_tls(connect: ConnectOptions, _options: &EtcdOptions) -> Result<ConnectOptions> {
+    Ok(connect)
+}
+
+fn backend_error(message: &str) -> Error {
+    Error::Backend {
+        backend: "etcd",
+        message: message.to_owned(),
+        source: None,
+    }
+}
+
+/// The first key of each get in a transaction's responses, in order.
+fn gets(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = "etcd", key = %key))]
+    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
+        // The same queue as `acquire`, so that a try never jumps the queue: an
+        // entry that does not head it leaves at once.
+        let (entry, head) = self.enqueue(key, owner, ttl).await?;
+        match head {
+            Some(h) if h.create_revision() == entry.revision => {
+                let sent = entry.sent;
+                Ok(entry.into_grant(sent))
+            }
+            head => {
+                let remaining = async {
+                    match head {
+                        Some(h) => self.remaining(h.lease()).await,
+                        None => None,
+                    }
+                };
+                let ((), remaining) = tokio::join!(entry.revoke.now(), remaining);
+                Err(Error::Contended {
+                    key: key.to_string(),
+                    remaining,
+                })
+            }
+        }
+    }
+
+    /// Fair, herd-free waiting (etcd's own mutex recipe): the entry waits
+    /// for the deletion of the one just ahead of it, and is granted when it
+    /// heads the queue and its lease is renewed.
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = "etcd", key = %key))]
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        wait: &Waiting,
+    ) -> Result<Grant> {
+        let mut last_error = None;
+        let mut tries = 0u32;
+        loop {
+            // Enqueueing is not cut short by the end of the wait, so that even
+            // a zero wait makes one attempt.
+            let (entry, head) = match self.enqueue(key, owner, ttl).await {
+                Ok(enqueued) => enqueued,
+                Err(e @ Error::Unavailable { .. }) => {
+                    let now = Instant::now();
+                    if now >= wait.until {
+                        return Err(e);
+                    }
+                    sleep(wait.backoff.delay(tries).min(wait.until - now)).await;
+                    tries = tries.saturating_add(1);
+                    last_error = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if head.is_some_and(|h| h.create_revision() == entry.revision) {
+                let sent = entry.sent;
+                return Ok(entry.into_grant(sent));
+            }
+            let lease_id = entry.lease_id;
+            if Instant::now() >= wait.until {
+                entry.revoke.now().await;
+                return Err(last_error.unwrap_or_else(|| wait.timed_out(key)));
+            }
+            last_error = None;
+            match timeout_at(
+                wait.until,
+                self.wait_in_queue(key, entry, ttl, wait, &mut last_error),
+            )
+            .await
+            {
+                Ok(Ok(Some(grant))) => return Ok(grant),
+                Ok(Ok(None)) => {}
+                Ok(Err(e @ Error::Unavailable { .. })) => {
+                    let now = Instant::now();
+                    if now >= wait.until {
+                        return Err(e);
+                    }
+                    sleep(wait.backoff.delay(tries).min(wait.until - now)).await;
+                    tries = tries.saturating_add(1);
+                    last_error = Some(e);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_elapsed) => {
+                    // Leave the queue before reporting, so that the next
+                    // contender does not find this entry ahead of it.
+                    self.revoke_quietly(lease_id).await;
+                    return Err(last_error.unwrap_or_else(|| wait.timed_out(key)));
+                }
+            }
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = "etcd", key = %lease.key()))]
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let key = lease.key();
+        let not_held = || Error::lost(key.as_str(), LostReason::NotHeld);
+        let located = self.locate(lease).await?;
+        let revision = lease.fencing_token().get() as i64;
+        let owner_hex = lease.owner().to_hex();
+        let secs = ttl.as_secs() as i64;
+        if secs == located.ttl_secs {
+            let mut c = self.client();
+            let (alive, mine) = tokio::join!(
+                self.keep_alive(key, located.lease_id),
+                self.call("get entry", c.get(located.entry.clone(), None))
+            );
+            alive?;
+            let mine = mine?;
+            let ours = mine.kvs().first().is_some_and(|kv| {
+                kv.create_revision() == revision
+                    && kv.value() == owner_hex.as_bytes()
+                    && kv.lease() == located.lease_id
+            });
+            return if ours { Ok(()) } else { Err(not_held()) };
+        }
+        // An etcd lease keeps the TTL it was granted with: move the entry to a
+        // new lease (same create revision, so same token and place).
+        let (new_lease, _) = self.grant_lease(ttl).await?;
+        let revoke_new = RevokeOnDrop {
+            backend: Some(self.clone()),
+            lease_id: new_lease,
+        };
+        let moved = Queue::move_to_lease(
+            &located.entry,
+            revision,
+            &owner_hex,
+            located.lease_id,
+            new_lease,
+        );
+        if !self
+            .txn("move entry to a new lease", moved)
+            .await?
+            .succeeded()
+        {
+            revoke_new.now().await;
+            return Err(not_held());
+        }
+        let mut revoke_new = revoke_new;
+        revoke_new.disarm();
+        if let Some(held) = located.held {
+            *held.lease.lock().unwrap_or_else(|p| p.into_inner()) = (new_lease, secs);
+            self.revoke_quietly(located.lease_id).await;
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = "etcd", key = %lease.key()))]
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let located = self.locate(lease).await?;
+        let revision = lease.fencing_token().get() as i64;
+        let deleted = self
+            .txn(
+                "release",
+                Queue::release(&located.entry, revision, &lease.owner().to_hex()),
+            )
+            .await?;
+        // Only a lease of our own is revoked: a rebuilt lease's etcd lease id
+        // was read from the entry, which may have changed hands since.
+        if located.held.is_some() {
+            self.revoke_quietly(located.lease_id).await;
+        }
+        if deleted.succeeded() {
+            Ok(())
+        } else {
+            Err(Error::lost(lease.key().as_str(), LostReason::NotHeld))
+        }
+    }
+
+    /// Fires when the holder's entry is deleted: its lease revoked or
+    /// expired, or the key deleted by hand.
+    fn loss_signal(&self, lease: &Lease) -> Option<LossFuture> {
+        let held = lease.state()?.downcast_ref::<Held>()?;
+        let entry = held.entry.clone();
+        let revision = lease.fencing_token().get() as i64;
+        let backend = self.clone();
+        Some(Box::pin(async move {
+            let mut from = revision + 1;
+            let mut tries = 0u32;
+            loop {
+                let timeout = backend.inner.request_timeout;
+                if wake::deletion(backend.client(), entry.clone(), from, timeout).await
+                    == Watched::Deleted
+                {
+                    return LostReason::NotHeld;
+                }
+                sleep(lock_core::Backoff::default().delay(tries)).await;
+                tries = tries.saturating_add(1);
+                let mut c = backend.client();
+                if let Ok(resp) = backend.call("get entry", c.get(entry.clone(), None)).await {
+                    match resp.kvs().first() {
+                        Some(kv) if kv.create_revision() == revision => {
+                            from = resp.header().map(|h| h.revision() + 1).unwrap_or(from);
+                        }
+                        _ => return LostReason::NotHeld,
+                    }
+                }
+            }
+        }))
+    }
+}

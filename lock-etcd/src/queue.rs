@@ -1,0 +1,136 @@
+//! The key layout of a lock and the requests that work on it.
+//!
+//! Each lock is a queue of entries, one per contender, each bound to its
+//! contender's own lease: `{prefix}{len}/{key}/{lease id in 16 hex digits}`,
+//! where `len` is the key's length in bytes. The length makes the layout
+//! unambiguous: no lock's entries are ever inside another lock's range, even
+//! for keys such as `a` and `a/0000000000000001`. The entry with the lowest
+//! create revision holds the lock, and that revision is its fencing token.
+//! The value of an entry is its owner token in hex, so that only the holder
+//! can release or extend, even with a lease rebuilt in another process.
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use lock_core::LockKey;
+
+/// The entries of one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Queue {
+    prefix: Vec<u8>,
+}
+
+impl Queue {
+    pub(crate) fn new(namespace: &str, key: &LockKey) -> Self {
+        Queue {
+            prefix: format!("{namespace}{}/{key}/", key.as_str().len()).into_bytes(),
+        }
+    }
+
+    /// The range every entry of this lock lies in.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The entry of the contender holding `lease`.
+    pub(crate) fn entry(&self, lease: i64) -> Vec<u8> {
+        let mut entry = self.prefix.clone();
+        entry.extend_from_slice(format!("{lease:016x}").as_bytes());
+        entry
+    }
+
+    /// Creates `entry` bound to `lease` (only if it does not exist: lease ids
+    /// are unique, so this fails only on a bug) and reads the queue's head,
+    /// all in one revision: the put's revision is the entry's create revision.
+    pub(crate) fn enqueue(&self, entry: &[u8], lease: i64, owner_hex: &str) -> Txn {
+        Txn::new()
+            .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(self.prefix.clone(), Some(self.head())),
+            ])
+    }
+
+    /// The entry with the lowest create revision: the holder.
+    pub(crate) fn head(&self) -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+    }
+
+    /// Reads, in one revision, the entry just ahead of the one created at
+    /// `revision` (the only one its owner watches) and that entry itself.
+    pub(crate) fn check(&self, entry: &[u8], revision: i64) -> Txn {
+        let ahead = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
+        Txn::new().and_then([
+            TxnOp::get(self.prefix.clone(), Some(ahead)),
+            TxnOp::get(entry, None),
+        ])
+    }
+
+    /// Finds the entry created at `revision` (a lease rebuilt without its
+    /// backend state knows only its fencing token).
+    pub(crate) fn created_at(&self, revision: i64) -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_min_create_revision(revision)
+            .with_max_create_revision(revision)
+            .with_limit(1)
+    }
+
+    /// Deletes `entry` only if it is still the one created at `revision` and
+    /// still carries `owner_hex`.
+    pub(crate) fn release(entry: &[u8], revision: i64, owner_hex: &str) -> Txn {
+        Txn::new()
+            .when(Queue::still_ours(entry, revision, owner_hex))
+            .and_then([TxnOp::delete(entry, None)])
+    }
+
+    /// Moves `entry` to `new_lease` only if it is still ours and still bound
+    /// to `old_lease` (a put keeps the create revision, so the fencing token
+    /// and the place in the queue stay).
+    pub(crate) fn move_to_lease(
+        entry: &[u8],
+        revision: i64,
+        owner_hex: &str,
+        old_lease: i64,
+        new_lease: i64,
+    ) -> Txn {
+        let mut compares = Queue::still_ours(entry, revision, owner_hex).to_vec();
+        compares.push(Compare::lease(entry, CompareOp::Equal, old_lease));
+        Txn::new().when(compares).and_then([TxnOp::put(
+            entry,
+            owner_hex,
+            Some(PutOptions::new().with_lease(new_lease)),
+        )])
+    }
+
+    fn still_ours(entry: &[u8], revision: i64, owner_hex: &str) -> [Compare; 2] {
+        [
+            Compare::create_revision(entry, CompareOp::Equal, revision),
+            Compare::value(entry, CompareOp::Equal, owner_hex),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::{Limits, validate};
+
+    fn key(k: &str) -> LockKey {
+        validate::key(k, &Limits::default()).unwrap()
+    }
+
+    #[test]
+    fn layout_is_readable_and_unambiguous() {
+        let a = Queue::new("lockkit/", &key("a"));
+        assert_eq!(a.entry(255), b"lockkit/1/a/00000000000000ff");
+        let tricky = Queue::new("lockkit/", &key("a/00000000000000ff"));
+        assert!(!tricky.prefix().starts_with(a.prefix()));
+        assert!(!a.entry(1).starts_with(tricky.prefix()));
+    }
+}
