@@ -1,0 +1,281 @@
+#![doc = include_str!("../README.md")]
+
+mod exit;
+mod run;
+mod target;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockkit::config::{Config, parse_duration};
+use lockkit::url;
+
+use crate::target::Target;
+
+/// Run a command under a distributed lock, and inspect or manage locks, on
+/// any lockkit backend (memory, redis, redlock, etcd, postgres).
+///
+/// The backend comes from --url, from --profile (a profile of the config
+/// file, whose required guarantees are checked against the backend first),
+/// or from the LOCK_URL environment variable, in that order.
+#[derive(Parser)]
+#[command(name = "lockctl", version, after_help = exit::HELP)]
+struct Cli {
+    /// Backend URL, e.g. redis://127.0.0.1:6379 or etcd://h1:2379,h2:2379,h3:2379.
+    #[arg(long, global = true, value_name = "URL")]
+    url: Option<String>,
+    /// Profile of the config file to use (its URL, TTL, wait, key prefix and requirements).
+    #[arg(long, global = true, value_name = "NAME")]
+    profile: Option<String>,
+    /// Config file for --profile [default: $LOCKKIT_CONFIG].
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Acquire KEY, run CMD while renewing it, release it when CMD ends.
+    ///
+    /// CMD runs in its own process group with LOCK_KEY (the backend key),
+    /// LOCK_FENCING_TOKEN (pass it to the protected resource) and
+    /// LOCK_DEADLINE (the lock's deadline when CMD started, in milliseconds
+    /// since the Unix epoch on this machine's clock; lockctl renews the lock
+    /// while CMD runs, so it matters only if renewals fail) in its
+    /// environment. SIGINT, SIGTERM and SIGHUP are forwarded to the group.
+    /// If the lock is lost, the whole group gets SIGTERM, then SIGKILL after
+    /// --grace, and lockctl exits 77. Processes CMD leaves behind in its
+    /// group are terminated the same way before the lock is released.
+    Run {
+        /// The lock's key.
+        key: String,
+        /// TTL of the grant, renewed every TTL/3 [default: the profile's, else 30s].
+        #[arg(long, value_parser = duration)]
+        ttl: Option<Duration>,
+        /// How long to wait for the lock [default: the profile's, else 0s].
+        #[arg(long, value_parser = duration)]
+        wait: Option<Duration>,
+        /// Time between SIGTERM and SIGKILL when the group must stop.
+        #[arg(long, value_parser = duration, default_value = "10s")]
+        grace: Duration,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<OsString>,
+    },
+    /// Whether KEY is held, with its remaining TTL and fencing token (exit 1 if free).
+    Status {
+        /// The lock's key.
+        key: String,
+    },
+    /// The locks held under PREFIX (all when omitted), with remaining TTL and fencing token.
+    List {
+        /// Key prefix.
+        prefix: Option<String>,
+    },
+    /// Delete KEY's grant whoever holds it (operators only; exit 1 if it was free).
+    ///
+    /// The holder is not told until its next renewal; meanwhile it may still
+    /// act as if it held the lock, which a fenced resource refuses.
+    Release {
+        /// The lock's key.
+        key: String,
+        /// Required: take the lock away from its holder.
+        #[arg(long)]
+        force: bool,
+        /// Required: confirms that the holder may still be running.
+        #[arg(long = "yes-i-know")]
+        yes_i_know: bool,
+    },
+    /// Check a config file: parse it, then connect to each profile's backend
+    /// and check its requirements (exit 78 if any profile is refused).
+    CheckConfig {
+        /// The config file.
+        file: PathBuf,
+        /// Only parse and check the URLs' schemes; do not connect.
+        #[arg(long)]
+        offline: bool,
+    },
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help or --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's first paragraph, on one line: the problem without the usage.
+            let text = e.to_string();
+            let first: Vec<_> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let first = first.join(" ");
+            let first = first.strip_prefix("error: ").unwrap_or(&first);
+            eprintln!("lockctl: {first} (see lockctl --help)");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockctl: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    runtime.block_on(dispatch(cli))
+}
+
+async fn dispatch(cli: Cli) -> ExitCode {
+    if let Cmd::CheckConfig { file, offline } = &cli.command {
+        return check_config(file, *offline).await;
+    }
+    if let Cmd::Release {
+        force, yes_i_know, ..
+    } = &cli.command
+        && !(*force && *yes_i_know)
+    {
+        eprintln!(
+            "lockctl: release takes the lock away from a holder that may still be running; pass --force --yes-i-know"
+        );
+        return ExitCode::from(exit::USAGE);
+    }
+    let target = match Target::connect(cli.url.as_deref(), cli.profile.as_deref(), cli.config).await
+    {
+        Ok(t) => t,
+        Err(e) => return exit::fail(&e),
+    };
+    let locker = target.locker();
+    match cli.command {
+        Cmd::Run {
+            key,
+            ttl,
+            wait,
+            grace,
+            command,
+        } => {
+            let opts = run::RunOptions {
+                key: target.key(&key),
+                ttl: target.ttl(ttl),
+                wait: target.wait(wait),
+                grace,
+                command,
+            };
+            run::run(locker, opts).await
+        }
+        Cmd::Status { key } => {
+            let key = target.key(&key);
+            if let Err(e) = locker.key(&key) {
+                return exit::fail(&e);
+            }
+            match locker.inspect(&key).await {
+                Ok(held) => match held.iter().find(|h| h.key == key) {
+                    Some(h) => {
+                        println!("{}", describe(h));
+                        ExitCode::SUCCESS
+                    }
+                    None => {
+                        println!("{key}\tfree");
+                        ExitCode::from(1)
+                    }
+                },
+                Err(e) => exit::fail(&e),
+            }
+        }
+        Cmd::List { prefix } => {
+            let prefix = target.key(prefix.as_deref().unwrap_or(""));
+            match locker.inspect(&prefix).await {
+                Ok(held) => {
+                    for h in &held {
+                        println!("{}", describe(h));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => exit::fail(&e),
+            }
+        }
+        Cmd::Release { key, .. } => {
+            let key = target.key(&key);
+            match locker.force_release(&key).await {
+                Ok(true) => {
+                    println!("{key}\treleased");
+                    ExitCode::SUCCESS
+                }
+                Ok(false) => {
+                    println!("{key}\twas not held");
+                    ExitCode::from(1)
+                }
+                Err(e) => exit::fail(&e),
+            }
+        }
+        Cmd::CheckConfig { .. } => unreachable!("handled above"),
+    }
+}
+
+/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as `?`).
+fn describe(h: &lockkit::HeldLock) -> String {
+    let remaining = h
+        .remaining
+        .map(|d| format!("{:.1}s", d.as_secs_f64()))
+        .unwrap_or_else(|| "?".into());
+    let token = h
+        .fencing_token
+        .map(|t| t.get().to_string())
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "{}\theld\tremaining={remaining}\tfencing_token={token}",
+        h.key
+    )
+}
+
+async fn check_config(file: &PathBuf, offline: bool) -> ExitCode {
+    let config = match Config::load(file) {
+        Ok(c) => c,
+        Err(e) => return exit::fail(&e),
+    };
+    let mut worst: Option<u8> = None;
+    for profile in config.profiles() {
+        let url = url::redact(&profile.url);
+        if offline {
+            println!(
+                "profile `{}`: parsed ({url}); requirements not checked (--offline)",
+                profile.name
+            );
+            continue;
+        }
+        match profile.connect().await {
+            Ok(locker) => {
+                let caps = locker.capabilities();
+                println!(
+                    "profile `{}`: ok ({url}: {}, {}, tolerates {} server failure(s))",
+                    profile.name, caps.backend, caps.safety, caps.tolerated_server_failures
+                );
+            }
+            Err(e) => {
+                eprintln!("lockctl: {e}");
+                let code = exit::code_for(&e);
+                // A refused profile outranks an unreachable one.
+                worst = Some(match worst {
+                    Some(w) if w == exit::CONFIG => w,
+                    _ => code,
+                });
+            }
+        }
+    }
+    worst.map(ExitCode::from).unwrap_or(ExitCode::SUCCESS)
+}

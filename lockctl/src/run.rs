@@ -1,0 +1,226 @@
+//! `lockctl run`: a command in its own process group, under a renewed lock.
+//!
+//! The command is started as the leader of a new process group, so that
+//! everything it starts can be signalled at once. If the lock is lost, the
+//! whole group is terminated (SIGTERM, then SIGKILL after the grace period)
+//! before lockctl exits: no grandchild keeps running unprotected. Processes
+//! the command leaves behind when it exits are terminated the same way before
+//! the lock is released, for the same reason. On Linux lockctl is a child
+//! subreaper, so such orphans are reparented to it and reaped.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lockkit::{GuardOptions, Locker};
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep, timeout_at};
+
+use crate::exit;
+
+/// What `lockctl run` was asked to do.
+pub struct RunOptions {
+    /// The backend key.
+    pub key: String,
+    /// TTL of the grant, renewed every TTL/3.
+    pub ttl: Duration,
+    /// How long to wait for the lock.
+    pub wait: Duration,
+    /// Between SIGTERM and SIGKILL when the group must go.
+    pub grace: Duration,
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// The signals forwarded to the command's process group.
+const FORWARDED: [(SignalKind, Signal); 3] = [
+    (SignalKind::interrupt(), Signal::SIGINT),
+    (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::hangup(), Signal::SIGHUP),
+];
+
+/// Runs the command under the lock and returns lockctl's exit code.
+pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
+    // Take over the signals before anything else, so that a Ctrl-C never
+    // kills lockctl while its command runs on unsignalled.
+    let mut streams = Vec::new();
+    for (kind, sig) in FORWARDED {
+        match signal(kind) {
+            Ok(s) => streams.push((s, sig)),
+            Err(e) => {
+                eprintln!("lockctl: cannot handle {sig}: {e}");
+                return ExitCode::from(exit::UNAVAILABLE);
+            }
+        }
+    }
+    let [(int, _), (term, _), (hup, _)] = &mut streams[..] else {
+        unreachable!("three signals registered above")
+    };
+
+    let options = GuardOptions::new(opts.ttl).wait(opts.wait);
+    let guard = tokio::select! {
+        got = locker.guard(&opts.key, options) => match got {
+            Ok(guard) => guard,
+            Err(e) => return exit::fail(&e),
+        },
+        // Interrupted while waiting: nothing runs yet; give up as a shell would.
+        _ = int.recv() => return ExitCode::from(128 + Signal::SIGINT as u8),
+        _ = term.recv() => return ExitCode::from(128 + Signal::SIGTERM as u8),
+        _ = hup.recv() => return ExitCode::from(128 + Signal::SIGHUP as u8),
+    };
+
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+
+    let mut command = Command::new(&opts.command[0]);
+    command
+        .args(&opts.command[1..])
+        .env("LOCK_KEY", &opts.key)
+        .env(
+            "LOCK_FENCING_TOKEN",
+            guard.fencing_token().get().to_string(),
+        )
+        .env("LOCK_DEADLINE", unix_millis(guard.deadline()).to_string())
+        .process_group(0);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = guard.release().await;
+            let name = opts.command[0].to_string_lossy();
+            eprintln!("lockctl: cannot run `{name}`: {e}");
+            return ExitCode::from(match e.kind() {
+                io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            });
+        }
+    };
+    let Some(pgid) = child.id().map(|id| Pid::from_raw(id as i32)) else {
+        eprintln!("lockctl: the command exited before it could be watched");
+        return ExitCode::from(exit::CANNOT_EXECUTE);
+    };
+
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let status = loop {
+        tokio::select! {
+            biased;
+            reason = &mut lost => {
+                eprintln!(
+                    "lockctl: lock `{}` lost while the command ran ({reason}); terminating its process group",
+                    opts.key
+                );
+                terminate_group(pgid, Some(&mut child), opts.grace).await;
+                return ExitCode::from(exit::LOST);
+            }
+            status = child.wait() => break status,
+            _ = int.recv() => forward(pgid, Signal::SIGINT),
+            _ = term.recv() => forward(pgid, Signal::SIGTERM),
+            _ = hup.recv() => forward(pgid, Signal::SIGHUP),
+        }
+    };
+
+    // Whatever the command left running in its group would run on without
+    // the lock: it goes before the lock is released.
+    terminate_group(pgid, None, opts.grace).await;
+    if let Some(reason) = guard.lost_reason() {
+        eprintln!(
+            "lockctl: lock `{}` was lost before the command finished ({reason})",
+            opts.key
+        );
+        return ExitCode::from(exit::LOST);
+    }
+    if let Err(e) = guard.release().await {
+        // The command finished while the lock was held; the TTL frees it.
+        eprintln!("lockctl: warning: release failed, the TTL will free the lock: {e}");
+    }
+    match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => ExitCode::from(code as u8),
+            (None, Some(sig)) => ExitCode::from(128u8.wrapping_add(sig as u8)),
+            (None, None) => ExitCode::FAILURE,
+        },
+        Err(e) => {
+            eprintln!("lockctl: lost track of the command: {e}");
+            ExitCode::from(exit::CANNOT_EXECUTE)
+        }
+    }
+}
+
+fn forward(pgid: Pid, sig: Signal) {
+    // ESRCH: the group is already gone, nothing to tell.
+    let _ = killpg(pgid, sig);
+}
+
+/// Terminates every process of the group: SIGTERM, then SIGKILL once
+/// `grace` has passed; returns when the group is empty (or a last bounded
+/// wait after SIGKILL has passed).
+async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, grace: Duration) {
+    reap_group(pgid);
+    if !group_alive(pgid) {
+        return;
+    }
+    let _ = killpg(pgid, Signal::SIGTERM);
+    let until = Instant::now() + grace;
+    if let Some(child) = leader.as_deref_mut()
+        && timeout_at(until, child.wait()).await.is_ok()
+    {
+        leader = None;
+    }
+    if leader.is_none() && wait_group_empty(pgid, until).await {
+        return;
+    }
+    let _ = killpg(pgid, Signal::SIGKILL);
+    if let Some(child) = leader {
+        let _ = child.wait().await;
+    }
+    wait_group_empty(pgid, Instant::now() + Duration::from_secs(5)).await;
+}
+
+/// Polls until no process of the group is left (reaping the orphans that
+/// were reparented to us), or `until`. There is no event for a group
+/// becoming empty, hence the short poll.
+async fn wait_group_empty(pgid: Pid, until: Instant) -> bool {
+    loop {
+        reap_group(pgid);
+        if !group_alive(pgid) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn group_alive(pgid: Pid) -> bool {
+    !matches!(killpg(pgid, None), Err(Errno::ESRCH))
+}
+
+/// Reaps the group's processes that have exited and were reparented to us.
+/// Called only once the leader is reaped or no longer watched, so that it
+/// never takes the leader's status from tokio.
+fn reap_group(pgid: Pid) {
+    let any_in_group = Pid::from_raw(-pgid.as_raw());
+    while let Ok(status) = waitpid(any_in_group, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// A monotonic deadline as milliseconds since the Unix epoch on this
+/// machine's wall clock: now plus the time left.
+fn unix_millis(deadline: Instant) -> u128 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (SystemTime::now() + left)
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}

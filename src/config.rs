@@ -1,0 +1,806 @@
+//! Lock profiles from a TOML file, and the guarantees each one requires.
+//!
+//! A profile names a backend URL, a TTL, a wait, a key prefix, and what the
+//! application REQUIRES of the backend. Connecting through a profile reads
+//! the backend's [`capabilities()`](crate::LockBackend::capabilities) and
+//! refuses to start when they fall short, saying which profile, which
+//! requirement, and what the backend offers instead:
+//!
+//! ```toml
+//! # lockkit.toml (path from a flag, or the LOCKKIT_CONFIG environment variable)
+//! [profiles.payments]
+//! url = "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379"
+//! ttl = "30s"            # default 30s; units: ms, s, m, h
+//! wait = "5s"            # default 0s: one attempt
+//! prefix = "payments/"   # prepended to every key; default none
+//! use = "financial-inventory"   # a ready-made requirement set (see RequirementSet)
+//!
+//! [profiles.payments.require]   # requirements of your own, on top of `use`
+//! fencing = "strict"            # tokens strictly increase per key
+//! no_clock_assumptions = true   # ... and that promise rests on no clock
+//! survives_server_loss = 1      # tolerated_server_failures >= 1
+//! min_safety = "consensus"      # in-process < single-node < quorum < consensus < acid-transaction
+//! fifo_fair = true              # waiters are served in order
+//! lock_outlives_connection = false  # a dead client connection frees the lock at once
+//! ```
+//!
+//! ```no_run
+//! # async fn run() -> lockkit::Result<()> {
+//! let config = lockkit::config::Config::from_env()?; // reads $LOCKKIT_CONFIG
+//! let payments = config.profile("payments")?;
+//! let locker = payments.connect().await?; // refuses a backend that falls short
+//! let guard = locker.guard(&payments.key("invoice/42"), payments.guard_options()).await?;
+//! # drop(guard); Ok(()) }
+//! ```
+//!
+//! Every problem is an [`Error::InvalidInput`] whose message names the file,
+//! the profile and the field; URLs in messages never show a password.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::{
+    Capabilities, Error, FencingGuarantee, GuardOptions, Locker, Result, SafetyModel, url, validate,
+};
+
+/// The environment variable naming the configuration file.
+pub const CONFIG_ENV: &str = "LOCKKIT_CONFIG";
+
+/// The TTL of a profile that names none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// A parsed configuration file: named lock profiles.
+#[derive(Debug, Clone)]
+pub struct Config {
+    origin: String,
+    profiles: BTreeMap<String, Profile>,
+}
+
+/// One lock profile: where the locks live, how they are taken, and what the
+/// backend must guarantee.
+#[derive(Clone)]
+pub struct Profile {
+    /// The profile's name in the file.
+    pub name: String,
+    /// The backend URL (may hold a password: print it with [`url::redact`]).
+    pub url: String,
+    /// TTL of each grant (renewed by guards).
+    pub ttl: Duration,
+    /// How long to wait for a held lock.
+    pub wait: Duration,
+    /// Prepended to every key taken through this profile.
+    pub prefix: String,
+    /// The ready-made set named by `use`, if any.
+    pub uses: Option<RequirementSet>,
+    /// Everything required: the set's requirements with the profile's own on top.
+    pub requirements: Requirements,
+}
+
+impl fmt::Debug for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Profile")
+            .field("name", &self.name)
+            .field("url", &url::redact(&self.url))
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("prefix", &self.prefix)
+            .field("uses", &self.uses)
+            .field("requirements", &self.requirements)
+            .finish()
+    }
+}
+
+/// What an application requires of a backend. Each field left at its
+/// default requires nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requirements {
+    /// `fencing = "strict"`: every grant's token is strictly greater than
+    /// every earlier grant's on the same key.
+    pub strict_fencing: bool,
+    /// `no_clock_assumptions = true`: the fencing promise rests on no clock
+    /// or timing assumption (implies strict fencing).
+    pub no_clock_assumptions: bool,
+    /// `survives_server_loss = n`: locks keep working with `n` servers down.
+    pub survives_server_loss: usize,
+    /// `min_safety = "..."`: the safety model is at least this one, in
+    /// [`SafetyModel`]'s order (in-process < single-node < quorum <
+    /// consensus < acid-transaction).
+    pub min_safety: Option<SafetyModel>,
+    /// `fifo_fair = true`: waiters are granted in the order they started waiting.
+    pub fifo_fair: bool,
+    /// `lock_outlives_connection = true|false`: whether a grant must outlive
+    /// (true) or die with (false) the client's connection.
+    pub lock_outlives_connection: Option<bool>,
+}
+
+/// A requirement the backend does not meet, and what it offers instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shortfall {
+    /// What is required, in words ("fencing that rests on no clock assumption").
+    pub requires: String,
+    /// What the backend offers instead, in words.
+    pub offers: String,
+}
+
+impl Requirements {
+    /// Every requirement `capabilities` falls short of; empty when all are met.
+    pub fn shortfalls(&self, caps: &Capabilities) -> Vec<Shortfall> {
+        let mut out = Vec::new();
+        let mut miss = |requires: String, offers: String| out.push(Shortfall { requires, offers });
+        let strict = caps.fencing.guarantee == FencingGuarantee::Strict;
+        if (self.strict_fencing || self.no_clock_assumptions) && !strict {
+            miss(
+                "strict fencing".into(),
+                "fencing tokens that may repeat or go backwards".into(),
+            );
+        } else if self.no_clock_assumptions && caps.fencing.rests_on_clocks() {
+            miss(
+                "fencing that rests on no clock assumption".into(),
+                format!(
+                    "a counter that rests on: {}",
+                    caps.fencing
+                        .rests_on
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+        if caps.tolerated_server_failures < self.survives_server_loss {
+            miss(
+                format!(
+                    "locks that survive the loss of {} server(s)",
+                    self.survives_server_loss
+                ),
+                format!(
+                    "locks that survive the loss of {}",
+                    caps.tolerated_server_failures
+                ),
+            );
+        }
+        if let Some(min) = self.min_safety
+            && caps.safety < min
+        {
+            miss(
+                format!("safety of at least `{}` ({min})", safety_name(min)),
+                format!("`{}` ({})", safety_name(caps.safety), caps.safety),
+            );
+        }
+        if self.fifo_fair && !caps.fifo_fair {
+            miss(
+                "waiters served in FIFO order".into(),
+                "no ordering among waiters".into(),
+            );
+        }
+        match self.lock_outlives_connection {
+            Some(true) if !caps.lock_outlives_connection => miss(
+                "locks that outlive the client's connection (until their TTL)".into(),
+                "locks freed as soon as the holding connection drops".into(),
+            ),
+            Some(false) if caps.lock_outlives_connection => miss(
+                "locks freed as soon as the holding connection drops".into(),
+                "locks that outlive the connection until their TTL".into(),
+            ),
+            _ => {}
+        }
+        out
+    }
+
+    /// Adds `other`'s requirements to these (the stricter of each wins; an
+    /// explicit `lock_outlives_connection` in `other` replaces this one).
+    pub fn and(self, other: Requirements) -> Requirements {
+        Requirements {
+            strict_fencing: self.strict_fencing || other.strict_fencing,
+            no_clock_assumptions: self.no_clock_assumptions || other.no_clock_assumptions,
+            survives_server_loss: self.survives_server_loss.max(other.survives_server_loss),
+            min_safety: self.min_safety.max(other.min_safety),
+            fifo_fair: self.fifo_fair || other.fifo_fair,
+            lock_outlives_connection: other
+                .lock_outlives_connection
+                .or(self.lock_outlives_connection),
+        }
+    }
+}
+
+/// Ready-made requirement sets, one per row of the README's decision matrix.
+/// A profile names one with `use = "..."`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RequirementSet {
+    /// `idempotent-deduplication` (alias `deduplication`): a real lock
+    /// service shared by processes (at least `single-node`), nothing more.
+    /// A rare double grant only repeats work that is idempotent anyway, so
+    /// the cheapest, fastest backend is the right one.
+    IdempotentDeduplication,
+    /// `general-mutex` (alias `mutex`): `single-node` or better, with strict
+    /// fencing so a resource that can check tokens refuses a stale holder;
+    /// fencing may rest on clocks.
+    GeneralMutex,
+    /// `financial-inventory` (aliases `financial`, `inventory`): strict
+    /// fencing that rests on no clock assumption. Money and stock must not
+    /// be written twice: a holder paused past its deadline must be refused
+    /// by the resource whatever the clocks did, so the token's promise may
+    /// not depend on them.
+    FinancialInventory,
+    /// `strong-consistency` (alias `strong`): `consensus` or better, strict
+    /// fencing on no clock assumption, and locks that survive the loss of
+    /// one server. Correctness and availability through a server failure
+    /// both matter more than latency.
+    StrongConsistency,
+    /// `banking-core` (alias `banking`): an `acid-transaction` lock with
+    /// strict, clock-free fencing, freed the moment the holder's connection
+    /// drops. The lock lives in the same database transaction as the ledger
+    /// writes, so a holder that loses the lock loses its uncommitted writes
+    /// with it.
+    BankingCore,
+}
+
+impl RequirementSet {
+    /// Every set, in the decision matrix's order.
+    pub const ALL: [RequirementSet; 5] = [
+        RequirementSet::IdempotentDeduplication,
+        RequirementSet::GeneralMutex,
+        RequirementSet::FinancialInventory,
+        RequirementSet::StrongConsistency,
+        RequirementSet::BankingCore,
+    ];
+
+    /// The set's name in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequirementSet::IdempotentDeduplication => "idempotent-deduplication",
+            RequirementSet::GeneralMutex => "general-mutex",
+            RequirementSet::FinancialInventory => "financial-inventory",
+            RequirementSet::StrongConsistency => "strong-consistency",
+            RequirementSet::BankingCore => "banking-core",
+        }
+    }
+
+    /// The set named `name` (or one of its aliases).
+    pub fn from_name(name: &str) -> Option<RequirementSet> {
+        Some(match name {
+            "idempotent-deduplication" | "deduplication" => RequirementSet::IdempotentDeduplication,
+            "general-mutex" | "mutex" => RequirementSet::GeneralMutex,
+            "financial-inventory" | "financial" | "inventory" => RequirementSet::FinancialInventory,
+            "strong-consistency" | "strong" => RequirementSet::StrongConsistency,
+            "banking-core" | "banking" => RequirementSet::BankingCore,
+            _ => return None,
+        })
+    }
+
+    /// What the set requires.
+    pub fn requirements(self) -> Requirements {
+        let shared = Requirements {
+            min_safety: Some(SafetyModel::SingleNode),
+            ..Requirements::default()
+        };
+        match self {
+            RequirementSet::IdempotentDeduplication => shared,
+            RequirementSet::GeneralMutex => Requirements {
+                strict_fencing: true,
+                ..shared
+            },
+            RequirementSet::FinancialInventory => Requirements {
+                strict_fencing: true,
+                no_clock_assumptions: true,
+                ..shared
+            },
+            RequirementSet::StrongConsistency => Requirements {
+                strict_fencing: true,
+                no_clock_assumptions: true,
+                survives_server_loss: 1,
+                min_safety: Some(SafetyModel::Consensus),
+                ..shared
+            },
+            RequirementSet::BankingCore => Requirements {
+                strict_fencing: true,
+                no_clock_assumptions: true,
+                min_safety: Some(SafetyModel::AcidTransaction),
+                lock_outlives_connection: Some(false),
+                ..shared
+            },
+        }
+    }
+}
+
+impl fmt::Display for RequirementSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The configuration file's name for a safety model.
+pub fn safety_name(model: SafetyModel) -> &'static str {
+    match model {
+        SafetyModel::InProcess => "in-process",
+        SafetyModel::SingleNode => "single-node",
+        SafetyModel::QuorumWithTimingAssumptions => "quorum",
+        SafetyModel::Consensus => "consensus",
+        SafetyModel::AcidTransaction => "acid-transaction",
+        _ => "unknown",
+    }
+}
+
+const SAFETY_NAMES: &[(&str, SafetyModel)] = &[
+    ("in-process", SafetyModel::InProcess),
+    ("single-node", SafetyModel::SingleNode),
+    ("quorum", SafetyModel::QuorumWithTimingAssumptions),
+    ("consensus", SafetyModel::Consensus),
+    ("acid-transaction", SafetyModel::AcidTransaction),
+];
+
+/// Parses a duration written as a whole number and a unit: `500ms`, `30s`,
+/// `2m`, `1h` (`0` alone is also accepted).
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let bad = || format!("`{text}` is not a duration like 500ms, 30s, 2m or 1h");
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let secs = |mul: u64| n.checked_mul(mul).map(Duration::from_secs).ok_or_else(bad);
+    match unit.trim() {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => secs(1),
+        "m" | "min" => secs(60),
+        "h" => secs(3600),
+        "" if n == 0 => Ok(Duration::ZERO),
+        _ => Err(bad()),
+    }
+}
+
+// ---- the file format ------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    profiles: BTreeMap<String, FileProfile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileProfile {
+    url: String,
+    ttl: Option<String>,
+    wait: Option<String>,
+    #[serde(default)]
+    prefix: String,
+    #[serde(rename = "use")]
+    uses: Option<String>,
+    #[serde(default)]
+    require: FileRequirements,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileRequirements {
+    fencing: Option<String>,
+    no_clock_assumptions: Option<bool>,
+    survives_server_loss: Option<usize>,
+    min_safety: Option<String>,
+    fifo_fair: Option<bool>,
+    lock_outlives_connection: Option<bool>,
+}
+
+impl Config {
+    /// Reads and parses the file at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::invalid(
+                "config",
+                format!("cannot read config file {}: {e}", path.display()),
+            )
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Reads the file named by `$LOCKKIT_CONFIG`.
+    pub fn from_env() -> Result<Config> {
+        Config::load(config_path_from_env()?)
+    }
+
+    /// Parses configuration text; `origin` names it in errors (a file path).
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            let msg = e.message().trim().to_owned();
+            let at = e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                    format!(" (line {line})")
+                })
+                .unwrap_or_default();
+            Error::invalid("config", format!("{origin}{at}: {msg}"))
+        })?;
+        if file.profiles.is_empty() {
+            return Err(Error::invalid(
+                "config",
+                format!("{origin}: no profiles; add a [profiles.NAME] table with a `url`"),
+            ));
+        }
+        let mut profiles = BTreeMap::new();
+        for (name, raw) in file.profiles {
+            let profile = Profile::from_file(&name, raw).map_err(|problem| {
+                Error::invalid("config", format!("{origin}: profile `{name}`: {problem}"))
+            })?;
+            profiles.insert(name, profile);
+        }
+        Ok(Config {
+            origin: origin.to_owned(),
+            profiles,
+        })
+    }
+
+    /// Where the configuration came from.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The profiles, by name.
+    pub fn profiles(&self) -> impl Iterator<Item = &Profile> {
+        self.profiles.values()
+    }
+
+    /// The profile called `name`; the error lists the profiles there are.
+    pub fn profile(&self, name: &str) -> Result<&Profile> {
+        self.profiles.get(name).ok_or_else(|| {
+            let names: Vec<_> = self.profiles.keys().map(String::as_str).collect();
+            Error::invalid(
+                "profile",
+                format!(
+                    "{}: no profile `{name}`; profiles: {}",
+                    self.origin,
+                    names.join(", ")
+                ),
+            )
+        })
+    }
+}
+
+/// The path in `$LOCKKIT_CONFIG`, or an error saying it is unset.
+pub fn config_path_from_env() -> Result<PathBuf> {
+    match std::env::var_os(CONFIG_ENV) {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => Err(Error::invalid(
+            "config",
+            format!("no configuration file given: pass one, or set {CONFIG_ENV}"),
+        )),
+    }
+}
+
+impl Profile {
+    fn from_file(name: &str, raw: FileProfile) -> std::result::Result<Profile, String> {
+        let duration = |field: &str, v: Option<String>, default: Duration| match v {
+            None => Ok(default),
+            Some(t) => parse_duration(&t).map_err(|e| format!("{field}: {e}")),
+        };
+        let ttl = duration("ttl", raw.ttl, DEFAULT_TTL)?;
+        if ttl.is_zero() {
+            return Err("ttl: must be positive".into());
+        }
+        let wait = duration("wait", raw.wait, Duration::ZERO)?;
+        check_scheme(&raw.url)?;
+        let uses = match raw.uses {
+            None => None,
+            Some(n) => Some(RequirementSet::from_name(&n).ok_or_else(|| {
+                format!(
+                    "use: unknown requirement set `{n}`; sets: {}",
+                    RequirementSet::ALL.map(|s| s.name()).join(", ")
+                )
+            })?),
+        };
+        let r = raw.require;
+        let strict_fencing = match r.fencing.as_deref() {
+            None | Some("any") => false,
+            Some("strict") => true,
+            Some(other) => {
+                return Err(format!(
+                    "require.fencing: `{other}` is not one of: strict, any"
+                ));
+            }
+        };
+        let min_safety = match r.min_safety.as_deref() {
+            None => None,
+            Some(n) => Some(
+                SAFETY_NAMES
+                    .iter()
+                    .find(|(s, _)| *s == n)
+                    .map(|(_, m)| *m)
+                    .ok_or_else(|| {
+                        format!(
+                            "require.min_safety: `{n}` is not one of: {}",
+                            SAFETY_NAMES
+                                .iter()
+                                .map(|(s, _)| *s)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    })?,
+            ),
+        };
+        let own = Requirements {
+            strict_fencing,
+            no_clock_assumptions: r.no_clock_assumptions.unwrap_or(false),
+            survives_server_loss: r.survives_server_loss.unwrap_or(0),
+            min_safety,
+            fifo_fair: r.fifo_fair.unwrap_or(false),
+            lock_outlives_connection: r.lock_outlives_connection,
+        };
+        let requirements = uses
+            .map(RequirementSet::requirements)
+            .unwrap_or_default()
+            .and(own);
+        Ok(Profile {
+            name: name.to_owned(),
+            url: raw.url,
+            ttl,
+            wait,
+            prefix: raw.prefix,
+            uses,
+            requirements,
+        })
+    }
+
+    /// The backend key for `key`: the profile's prefix, then `key`.
+    pub fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// Guard options with the profile's TTL and wait.
+    pub fn guard_options(&self) -> GuardOptions {
+        GuardOptions::new(self.ttl).wait(self.wait)
+    }
+
+    /// Checks the backend's capabilities against this profile's
+    /// requirements, and the TTL against its limits. The error names the
+    /// profile, each requirement not met, and what the backend offers.
+    pub fn check(&self, locker: &Locker) -> Result<()> {
+        let caps = locker.capabilities();
+        let shortfalls = self.requirements.shortfalls(caps);
+        let url = url::redact(&self.url);
+        if !shortfalls.is_empty() {
+            let set = self
+                .uses
+                .map(|s| format!(" (with `use = \"{s}\"`)"))
+                .unwrap_or_default();
+            let reasons: Vec<_> = shortfalls
+                .iter()
+                .map(|s| format!("requires {}; {url} offers {}", s.requires, s.offers))
+                .collect();
+            return Err(Error::invalid(
+                "profile",
+                format!(
+                    "profile `{}`{set} {}",
+                    self.name,
+                    reasons.join("; it also ")
+                ),
+            ));
+        }
+        let drift = locker.options().drift.for_ttl(self.ttl);
+        validate::ttl(self.ttl, &caps.limits, drift)
+            .map_err(|e| Error::invalid("profile", format!("profile `{}`: {e}", self.name)))?;
+        Ok(())
+    }
+
+    /// Connects to the profile's backend and checks it (see [`check`](Self::check)).
+    pub async fn connect(&self) -> Result<Locker> {
+        let locker = crate::connect(&self.url).await?;
+        self.check(&locker)?;
+        Ok(locker)
+    }
+}
+
+/// Refuses, without connecting, a URL whose scheme this build cannot serve.
+fn check_scheme(url: &str) -> std::result::Result<(), String> {
+    let redacted = url::redact(url);
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(format!("url: {redacted}: expected scheme://..."));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    if crate::available_schemes().contains(&scheme.as_str()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "url: {}",
+            crate::unavailable_scheme(&scheme, &redacted)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Assumption, MemoryBackend, WakeUp};
+
+    fn caps_like_redis() -> Capabilities {
+        Capabilities::new("redis", SafetyModel::SingleNode)
+            .with_fencing(
+                FencingGuarantee::Strict,
+                [Assumption::ServerClockNeverStepsBack],
+            )
+            .with_wake_up(WakeUp::PubSub)
+    }
+
+    fn caps_like_etcd() -> Capabilities {
+        Capabilities::new("etcd", SafetyModel::Consensus)
+            .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
+            .with_fifo_fairness(true)
+            .with_tolerated_server_failures(1)
+    }
+
+    fn caps_like_postgres() -> Capabilities {
+        Capabilities::new("postgres", SafetyModel::AcidTransaction)
+            .with_fencing(FencingGuarantee::Strict, [Assumption::DurableDatabase])
+            .with_lock_outlives_connection(false)
+    }
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["30", "", "s", "1.5s", "-1s", "3d", "99999999999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_profile_parses_with_its_set_and_own_requirements() {
+        let c = Config::parse(
+            r#"
+            [profiles.payments]
+            url = "memory://"
+            ttl = "10s"
+            wait = "2s"
+            prefix = "pay/"
+            use = "financial"
+            [profiles.payments.require]
+            fifo_fair = true
+            "#,
+            "test.toml",
+        )
+        .unwrap();
+        let p = c.profile("payments").unwrap();
+        assert_eq!(
+            (p.ttl, p.wait),
+            (Duration::from_secs(10), Duration::from_secs(2))
+        );
+        assert_eq!(p.key("x"), "pay/x");
+        assert_eq!(p.uses, Some(RequirementSet::FinancialInventory));
+        assert!(p.requirements.no_clock_assumptions && p.requirements.fifo_fair);
+        let err = c.profile("nope").unwrap_err().to_string();
+        assert!(
+            err.contains("no profile `nope`") && err.contains("payments"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_place() {
+        let cases = [
+            ("[profiles.a]\nurl = 1", "line 2"),
+            (
+                "[profiles.a]\nurl = \"memory://\"\nttl = \"3x\"",
+                "ttl: `3x`",
+            ),
+            (
+                "[profiles.a]\nurl = \"memory://\"\nuse = \"fast\"",
+                "unknown requirement set `fast`",
+            ),
+            (
+                "[profiles.a]\nurl = \"memory://\"\ncolour = 1",
+                "unknown field `colour`",
+            ),
+            (
+                "[profiles.a]\nurl = \"memory://\"\n[profiles.a.require]\nfencing = \"loose\"",
+                "strict, any",
+            ),
+            (
+                "[profiles.a]\nurl = \"memory://\"\n[profiles.a.require]\nmin_safety = \"raft\"",
+                "consensus",
+            ),
+            (
+                "[profiles.a]\nurl = \"zk://u:hunter2@h\"",
+                "unknown scheme `zk`",
+            ),
+            ("[profiles.a]\nurl = \"localhost\"", "expected scheme"),
+            ("", "no profiles"),
+        ];
+        for (text, want) in cases {
+            let err = Config::parse(text, "f.toml").unwrap_err();
+            assert!(err.is_invalid_input());
+            let err = err.to_string();
+            assert!(
+                err.contains("f.toml") && err.contains(want),
+                "{text:?}: {err}"
+            );
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn clock_free_fencing_is_refused_for_a_clock_seeded_counter() {
+        let r = RequirementSet::FinancialInventory.requirements();
+        let s = r.shortfalls(&caps_like_redis());
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!(s[0].requires, "fencing that rests on no clock assumption");
+        assert_eq!(
+            s[0].offers,
+            "a counter that rests on: the server's clock never steps backwards"
+        );
+        assert!(r.shortfalls(&caps_like_etcd()).is_empty());
+        assert!(r.shortfalls(&caps_like_postgres()).is_empty());
+    }
+
+    #[test]
+    fn each_set_admits_the_backends_its_docs_promise() {
+        use RequirementSet::*;
+        let fits = |set: RequirementSet| {
+            [
+                ("redis", caps_like_redis()),
+                ("etcd", caps_like_etcd()),
+                ("postgres", caps_like_postgres()),
+            ]
+            .into_iter()
+            .filter(|(_, c)| set.requirements().shortfalls(c).is_empty())
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(fits(IdempotentDeduplication), ["redis", "etcd", "postgres"]);
+        assert_eq!(fits(GeneralMutex), ["redis", "etcd", "postgres"]);
+        assert_eq!(fits(FinancialInventory), ["etcd", "postgres"]);
+        assert_eq!(fits(StrongConsistency), ["etcd"]);
+        assert_eq!(fits(BankingCore), ["postgres"]);
+        let memory = MemoryBackend::new();
+        let memory = crate::LockBackend::capabilities(&memory);
+        assert!(
+            RequirementSet::ALL
+                .iter()
+                .all(|s| !s.requirements().shortfalls(memory).is_empty())
+        );
+        for set in RequirementSet::ALL {
+            assert_eq!(RequirementSet::from_name(set.name()), Some(set));
+        }
+    }
+
+    #[tokio::test]
+    async fn connecting_refuses_a_mismatch_naming_profile_requirement_and_offer() {
+        let c = Config::parse(
+            "[profiles.payments]\nurl = \"memory://\"\n[profiles.payments.require]\nno_clock_assumptions = true\nsurvives_server_loss = 1",
+            "f.toml",
+        )
+        .unwrap();
+        // Memory's fencing rests on process memory, not on a clock: only the
+        // server-loss requirement falls short.
+        let err = c
+            .profile("payments")
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "invalid profile: profile `payments` requires locks that survive the loss of 1 server(s); memory:// offers locks that survive the loss of 0"
+        );
+        let ok = Config::parse("[profiles.t]\nurl = \"memory://\"\nttl = \"1s\"", "f").unwrap();
+        ok.profile("t").unwrap().connect().await.unwrap();
+        let short = Config::parse("[profiles.t]\nurl = \"memory://\"\nttl = \"1ms\"", "f").unwrap();
+        let err = short
+            .profile("t")
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("profile `t`") && err.contains("ttl"), "{err}");
+    }
+}
