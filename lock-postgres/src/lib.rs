@@ -1,1 +1,576 @@
 #![doc = include_str!("../README.md")]
+
+mod config;
+mod errors;
+mod fence;
+mod pool;
+mod sql;
+
+use std::any::Any;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, Limits,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
+    async_trait,
+};
+use sqlx::postgres::{PgConnection, PgQueryResult};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::time::{Instant, timeout};
+
+pub(crate) type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+pub use config::PostgresOptions;
+pub use fence::FenceTable;
+pub use sql::SCHEMA_SQL;
+/// The driver, re-exported so that code using [`LockTransaction`] or
+/// [`FenceTable`] names the same version.
+pub use sqlx;
+
+use pool::{Connections, Pinned};
+use sql::{Statements, millis};
+
+/// The URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// The shortest TTL accepted. The TTL becomes the session's
+/// `idle_in_transaction_session_timeout`, whose clock also runs between the
+/// grant's own statements and between renewals, so it must exceed the
+/// client's round trips plus scheduling hiccups by a wide margin: below
+/// about 100 ms, a busy client would see healthy holders ended by the server.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// Locks held as row locks inside open PostgreSQL transactions.
+///
+/// Each held lock pins one connection whose transaction has locked the
+/// lock's row with `SELECT ... FOR UPDATE`; the server frees the row when
+/// that transaction ends: on release, when the connection closes or dies,
+/// or when the holder stays idle longer than the TTL
+/// (`idle_in_transaction_session_timeout`). Clones share the connections
+/// and the budget.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conns: Connections,
+    statements: Statements,
+    capabilities: Capabilities,
+    response_timeout: Duration,
+    /// PostgreSQL 14+: `client_connection_check_interval`, timed `pg_terminate_backend`.
+    modern: bool,
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("endpoint", &self.inner.conns.endpoint)
+            .field("max_held_locks", &self.inner.conns.limit())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a lease keeps: the connection whose open transaction holds the row.
+struct HeldLock {
+    slot: Arc<Mutex<Option<Pinned>>>,
+}
+
+impl PostgresBackend {
+    /// Connects with the settings of a `postgres://` or `postgresql://` URL
+    /// (see [`PostgresOptions::from_url`]) and creates the schema if missing.
+    pub async fn connect(url: &str) -> Result<PostgresBackend> {
+        Self::connect_with(PostgresOptions::from_url(url)?).await
+    }
+
+    /// Connects with explicit options.
+    pub async fn connect_with(options: PostgresOptions) -> Result<PostgresBackend> {
+        // A session-wide lock_timeout keeps the autocommit statements from
+        // hanging behind a lock held by something else (a migration, say).
+        let lock_timeout = millis(options.response_timeout).to_string();
+        let connect = options
+            .connect
+            .clone()
+            .options([("lock_timeout", lock_timeout.as_str())]);
+        let conns = Connections::new(
+            connect,
+            options.endpoint.clone(),
+            options.max_held_locks,
+            options.connect_timeout,
+        );
+        let statements = Statements::new(&options.names);
+        let (mut first, _) = conns.pin(true).await?;
+        let modern = first
+            .conn
+            .server_version_num()
+            .is_some_and(|v| v >= 140_000);
+        let exists = sqlx::query_scalar::<_, bool>(statements.exists)
+            .bind(options.names.table())
+            .bind(options.names.sequence());
+        let present = within(
+            options.response_timeout,
+            &conns.endpoint,
+            "the schema check",
+            Box::pin(exists.fetch_one(&mut first.conn)),
+        )
+        .await?
+        .map_err(|e| errors::connect(&conns.endpoint, e))?;
+        if !present {
+            if !options.create_schema {
+                return Err(Error::Backend {
+                    backend: errors::BACKEND,
+                    message: format!(
+                        "table {} or sequence {} is missing and create_schema is off; run PostgresOptions::schema_sql() first",
+                        options.names.table(),
+                        options.names.sequence()
+                    ),
+                    source: None,
+                });
+            }
+            within(
+                options.response_timeout,
+                &conns.endpoint,
+                "creating the schema",
+                simple(&mut first.conn, &statements.create),
+            )
+            .await?
+            .map_err(|e| errors::backend("creating the schema failed", e))?;
+        }
+        conns.give_back(first);
+        let capabilities = Capabilities::new(errors::BACKEND, SafetyModel::AcidTransaction)
+            .with_fencing(FencingGuarantee::Strict, [Assumption::DurableDatabase])
+            .with_wake_up(WakeUp::ServerBlocking)
+            .with_fifo_fairness(false)
+            .with_lock_outlives_connection(false)
+            .with_tolerated_server_failures(0)
+            .with_remaining_ttl(false)
+            .with_limits(Limits {
+                min_ttl: MIN_TTL,
+                ..Limits::default()
+            });
+        let inner = Inner {
+            conns,
+            statements,
+            capabilities,
+            response_timeout: options.response_timeout,
+            modern,
+        };
+        Ok(PostgresBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The open transaction that holds `lease`'s lock, for writing data
+    /// atomically with holding it. See [`LockTransaction`].
+    pub async fn transaction(&self, lease: &Lease) -> Result<LockTransaction> {
+        let key = lease.key().as_str();
+        let held = held(lease)?;
+        let mut guard = held.slot.clone().lock_owned().await;
+        match guard.as_mut() {
+            Some(pinned) if !pinned.busy => pinned.wrote = true,
+            _ => return Err(Error::lost(key, LostReason::NotHeld)),
+        }
+        Ok(LockTransaction { guard })
+    }
+
+    /// The server process id of the session holding `key`, if any: an
+    /// operator's view of who holds what (it uses a connection of the budget).
+    pub async fn holder_pid(&self, key: &str) -> Result<Option<i32>> {
+        self.on_pool_connection(
+            "looking up the holder",
+            &self.inner.statements.holder_pid,
+            key,
+        )
+        .await
+    }
+
+    async fn on_pool_connection<T>(&self, what: &str, sql: &str, key: &str) -> Result<Option<T>>
+    where
+        T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+    {
+        Ok(self
+            .all_on_pool_connection(what, sql, key)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// Runs a one-parameter query on a connection of the budget, outside any lock.
+    async fn all_on_pool_connection<T>(&self, what: &str, sql: &str, key: &str) -> Result<Vec<T>>
+    where
+        T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+    {
+        let inner = &*self.inner;
+        let (mut pinned, _) = inner.conns.pin(false).await?;
+        let query = sqlx::query_scalar::<_, T>(sql)
+            .bind(key)
+            .fetch_all(&mut pinned.conn);
+        let values = within(
+            inner.response_timeout,
+            &inner.conns.endpoint,
+            what,
+            Box::pin(query),
+        )
+        .await?
+        .map_err(|e| errors::connect(&inner.conns.endpoint, e))?;
+        inner.conns.give_back(pinned);
+        Ok(values)
+    }
+
+    /// Closes the idle connections kept for the next grants. Held locks are
+    /// not affected.
+    pub async fn close_idle(&self) {
+        self.inner.conns.close_idle().await;
+    }
+
+    /// One grant: the row exists (autocommit), then the lock's transaction
+    /// locks it, waiting in the server up to `wait` or not at all.
+    async fn grant(&self, key: &LockKey, ttl: Duration, wait: Option<Duration>) -> Result<Grant> {
+        let inner = &*self.inner;
+        let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
+        let mut fresh = false;
+        let mut vanished = 0;
+        loop {
+            let (mut pinned, reused) = inner.conns.pin(fresh).await?;
+            let conn = &mut pinned.conn;
+            let insert = sqlx::query(&inner.statements.insert)
+                .bind(key.as_str())
+                .execute(&mut *conn);
+            match within(rt, endpoint, "the row insert", Box::pin(insert)).await? {
+                Ok(_) => {}
+                // An idle connection may have died since its last use: retry once on a new one.
+                Err(e) if reused && !fresh && errors::is_connection_lost(&e) => {
+                    fresh = true;
+                    continue;
+                }
+                Err(e) => return Err(errors::connect(endpoint, e)),
+            }
+            let lock_timeout = wait.unwrap_or(rt);
+            let begin = sql::begin(ttl, lock_timeout, wait.is_some() && inner.modern);
+            within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin))
+                .await?
+                .map_err(|e| errors::connect(endpoint, e))?;
+            let sent = Instant::now();
+            let statement = if wait.is_some() {
+                &inner.statements.lock_wait
+            } else {
+                &inner.statements.lock_nowait
+            };
+            let lock = sqlx::query_scalar::<_, i64>(statement)
+                .bind(key.as_str())
+                .fetch_optional(&mut *conn);
+            match within(
+                rt + wait.unwrap_or_default(),
+                endpoint,
+                "the row lock",
+                Box::pin(lock),
+            )
+            .await?
+            {
+                Ok(Some(token)) => {
+                    // The server's TTL clock (its idle timer) starts when the grant's last
+                    // statement completes. After a wait in the queue that is long after
+                    // `sent`, so one more statement restarts the clock after a known instant.
+                    let sent = match wait {
+                        None => sent,
+                        Some(_) => {
+                            let sent = Instant::now();
+                            let refresh =
+                                sqlx::query_scalar::<_, Option<bool>>(&inner.statements.extend)
+                                    .bind(millis(ttl).to_string())
+                                    .fetch_one(&mut *conn);
+                            match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await?
+                            {
+                                Ok(Some(true)) => sent,
+                                Ok(_) => {
+                                    return Err(Error::lost(key.as_str(), LostReason::NotHeld));
+                                }
+                                Err(e) => return Err(errors::connect(endpoint, e)),
+                            }
+                        }
+                    };
+                    let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
+                    let state: Arc<dyn Any + Send + Sync> = Arc::new(HeldLock {
+                        slot: Arc::new(Mutex::new(Some(pinned))),
+                    });
+                    return Ok(Grant::new(token).sent_at(sent).with_state(state));
+                }
+                // Someone deleted the row between the insert and the lock: insert again.
+                Ok(None) if vanished < 3 => {
+                    vanished += 1;
+                    inner.conns.roll_back_and_give_back(pinned, rt).await;
+                }
+                Ok(None) => {
+                    return Err(Error::Backend {
+                        backend: errors::BACKEND,
+                        message: format!(
+                            "the row of lock `{key}` keeps disappearing; is something deleting rows?"
+                        ),
+                        source: None,
+                    });
+                }
+                Err(e) if errors::is_lock_not_available(&e) => {
+                    inner.conns.roll_back_and_give_back(pinned, rt).await;
+                    return Err(Error::Contended {
+                        key: key.to_string(),
+                        remaining: None,
+                    });
+                }
+                Err(e) => return Err(errors::connect(endpoint, e)),
+            }
+        }
+    }
+}
+
+/// Runs `sql` (one or more statements, no parameters) in one round trip.
+pub(crate) fn simple<'c>(
+    conn: &'c mut PgConnection,
+    sql: &'c str,
+) -> BoxFuture<'c, Result<PgQueryResult, sqlx::Error>> {
+    use sqlx::Executor;
+    conn.execute(sqlx::raw_sql(sql))
+}
+
+/// Awaits `fut` for at most `limit`; the error names what had no reply.
+async fn within<'a, T>(
+    limit: Duration,
+    endpoint: &str,
+    what: &str,
+    fut: BoxFuture<'a, T>,
+) -> Result<T> {
+    timeout(limit, fut)
+        .await
+        .map_err(|_| errors::timed_out(endpoint, what))
+}
+
+fn held(lease: &Lease) -> Result<&HeldLock> {
+    lease
+        .state()
+        .and_then(|s| (**s).downcast_ref::<HeldLock>())
+        .ok_or_else(|| Error::lost(lease.key().as_str(), LostReason::NotHeld))
+}
+
+#[async_trait]
+impl LockBackend for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        _owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Grant> {
+        self.grant(key, ttl, None).await
+    }
+
+    /// Waits in the server: `SELECT ... FOR UPDATE` without NOWAIT, with
+    /// `lock_timeout` set to the time left, then one cheap statement whose
+    /// send time starts the deadline (the server's TTL clock starts after it). The server queues waiters and
+    /// wakes exactly the next one when the holder's transaction ends, so
+    /// there is no herd and no polling delay; LISTEN/NOTIFY would wake every
+    /// waiter to race for the row and still need polling for holders ended
+    /// by the server, which send no notification.
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        _owner: &OwnerToken,
+        ttl: Duration,
+        wait: &Waiting,
+    ) -> Result<Grant> {
+        let mut tries = 0;
+        loop {
+            let left = wait.until.saturating_duration_since(Instant::now());
+            let attempt = if left < Duration::from_millis(1) {
+                None
+            } else {
+                Some(left)
+            };
+            match self.grant(key, ttl, attempt).await {
+                Err(Error::Contended { .. }) => return Err(wait.timed_out(key)),
+                Err(e @ Error::Unavailable { .. }) => {
+                    let now = Instant::now();
+                    if now >= wait.until {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(wait.backoff.delay(tries).min(wait.until - now)).await;
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The keys whose rows are locked by an open transaction now. The
+    /// remaining TTL is unknown (the server does not expose its idle timer).
+    async fn inspect(&self, prefix: &str) -> Result<Vec<lock_core::HeldLock>> {
+        let keys: Vec<String> = self
+            .all_on_pool_connection("listing held locks", &self.inner.statements.held, prefix)
+            .await?;
+        Ok(keys.into_iter().map(lock_core::HeldLock::new).collect())
+    }
+
+    /// Ends the session holding `key` with `pg_terminate_backend`: its
+    /// transaction rolls back, the row is free, and the holder's next
+    /// renewal reports the connection lost. Needs the right to signal that
+    /// session (same role, superuser, or `pg_signal_backend`).
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        // PostgreSQL 14+ waits until the process has exited, so the row is free on return.
+        let wait = if self.inner.modern { ", 5000" } else { "" };
+        let sql = format!(
+            "SELECT pg_terminate_backend(pid{wait}) FROM ({}) AS holder",
+            self.inner.statements.holder_pid
+        );
+        Ok(self
+            .on_pool_connection::<bool>("terminating the holder", &sql, key.as_str())
+            .await?
+            .unwrap_or(false))
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let key = lease.key().as_str();
+        let mut slot = held(lease)?.slot.lock().await;
+        let Some(pinned) = slot.as_mut() else {
+            return Err(Error::lost(key, LostReason::NotHeld));
+        };
+        if pinned.busy {
+            // An earlier statement was abandoned mid-reply: the connection cannot be trusted.
+            *slot = None;
+            return Err(Error::lost(key, LostReason::ConnectionLost));
+        }
+        pinned.busy = true;
+        let check = sqlx::query_scalar::<_, Option<bool>>(&self.inner.statements.extend)
+            .bind(millis(ttl).to_string())
+            .fetch_one(&mut pinned.conn);
+        let outcome = timeout(self.inner.response_timeout, check).await;
+        pinned.busy = false;
+        let error = match outcome {
+            Ok(Ok(Some(true))) => return Ok(()),
+            // The transaction was ended behind our back (a COMMIT through the exposed connection).
+            Ok(Ok(_)) => Error::lost(key, LostReason::NotHeld),
+            Ok(Err(e)) => errors::lost(key, &e),
+            Err(_) => Error::lost(key, LostReason::ConnectionLost),
+        };
+        // Dropping the connection ends whatever is left of the transaction.
+        *slot = None;
+        Err(error)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let key = lease.key().as_str();
+        let taken = held(lease)?.slot.lock().await.take();
+        let Some(mut pinned) = taken else {
+            return Err(Error::lost(key, LostReason::NotHeld));
+        };
+        if pinned.busy {
+            return Err(Error::lost(key, LostReason::ConnectionLost));
+        }
+        let rt = self.inner.response_timeout;
+        let endpoint = self.inner.conns.endpoint.as_str();
+        pinned.busy = true;
+        if pinned.wrote {
+            // COMMIT of an aborted transaction silently rolls back; find out first.
+            let check =
+                sqlx::query_scalar::<_, Option<bool>>(sql::HELD_CHECK).fetch_one(&mut pinned.conn);
+            match within(rt, endpoint, "the transaction check", Box::pin(check)).await? {
+                Ok(Some(true)) => {}
+                Ok(_) => return Err(Error::lost(key, LostReason::NotHeld)),
+                Err(e) if errors::is_connection_lost(&e) => {
+                    return Err(Error::lost(key, LostReason::ConnectionLost));
+                }
+                Err(e) => {
+                    return Err(errors::backend(
+                        "the lock's transaction had failed, so its writes were rolled back",
+                        e,
+                    ));
+                }
+            }
+        }
+        // Nothing to keep unless the holder wrote: ROLLBACK also skips the commit's WAL flush.
+        let end = if pinned.wrote { "COMMIT" } else { "ROLLBACK" };
+        match within(rt, endpoint, end, simple(&mut pinned.conn, end)).await? {
+            Ok(_) => {
+                pinned.busy = false;
+                self.inner.conns.give_back(pinned);
+                Ok(())
+            }
+            Err(e) if errors::is_connection_lost(&e) => {
+                Err(Error::lost(key, LostReason::ConnectionLost))
+            }
+            Err(e) => Err(errors::backend(
+                "COMMIT failed, so the writes made in the lock's transaction were rolled back",
+                e,
+            )),
+        }
+    }
+}
+
+/// The open transaction holding a lock, for writing data in it: those
+/// writes commit when the lease is released, and only if the session kept
+/// the lock all along. If the server ended the holder (idle longer than the
+/// TTL, terminated, connection lost), the writes fail or roll back with it,
+/// so no other holder can ever see them: fencing for free.
+///
+/// It dereferences to the connection; run statements on `&mut *tx`:
+///
+/// ```no_run
+/// # async fn demo() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::Locker;
+/// use lock_postgres::{PostgresBackend, sqlx};
+///
+/// let backend = PostgresBackend::connect("postgres://app@db/app").await?;
+/// let locker = Locker::new(backend.clone());
+/// let lease = locker.acquire("invoice/42", Duration::from_secs(10), Duration::from_secs(5)).await?;
+/// {
+///     let mut tx = backend.transaction(&lease).await?;
+///     sqlx::query("UPDATE invoices SET state = 'sent' WHERE id = 42")
+///         .execute(&mut *tx)
+///         .await
+///         .map_err(|e| lock_core::Error::Backend { backend: "postgres", message: e.to_string(), source: None })?;
+/// } // drop the guard before releasing or renewing
+/// // Release commits the writes. An error here means they did not persist.
+/// locker.release(lease).await?;
+/// # Ok(()) }
+/// ```
+///
+/// - A failed statement aborts the lock's transaction: release then reports
+///   the failure and the lock is freed; wrap statements in `SAVEPOINT`s
+///   (or `tx.begin()`) to recover from errors and keep the lock.
+/// - Never `COMMIT` or `ROLLBACK` through it: that ends the lock.
+/// - Renewal and release wait while the guard is alive, so keep it short.
+pub struct LockTransaction {
+    guard: OwnedMutexGuard<Option<Pinned>>,
+}
+
+impl fmt::Debug for LockTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockTransaction").finish_non_exhaustive()
+    }
+}
+
+impl Deref for LockTransaction {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        // Checked when the guard was made, and nothing empties the slot while it is locked.
+        &self
+            .guard
+            .as_ref()
+            .expect("a LockTransaction always holds its connection")
+            .conn
+    }
+}
+
+impl DerefMut for LockTransaction {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self
+            .guard
+            .as_mut()
+            .expect("a LockTransaction always holds its connection")
+            .conn
+    }
+}

@@ -1,0 +1,8 @@
+-- lockkit's PostgreSQL schema, for the default names (schema lockkit, table locks, sequence fencing_tokens).
+-- `PostgresBackend::connect` creates it when missing; run it yourself when
+-- migrations are managed elsewhere, and connect with `create_schema=false`.
+CREATE SCHEMA IF NOT EXISTS "lockkit";
+-- One row per lock name; holders lock the row, never update it.
+CREATE TABLE IF NOT EXISTS "lockkit"."locks" (name text PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now());
+-- Fencing tokens. CACHE 1 keeps values increasing across sessions.
+CREATE SEQUENCE IF NOT EXISTS "lockkit"."fencing_tokens" AS bigint MINVALUE 1 CACHE 1 NO CYCLE;

@@ -1,0 +1,239 @@
+//! The backend's settings: parsed from a `postgres://` URL or built in code.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use lock_core::{Error, Result, url::redact};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::sql::Names;
+
+/// Query parameters this crate reads; every other one goes to the driver.
+const OWN_PARAMS: &[&str] = &[
+    "max_held_locks",
+    "connect_timeout_ms",
+    "response_timeout_ms",
+    "schema",
+    "table",
+    "sequence",
+    "create_schema",
+];
+
+/// Settings of a [`PostgresBackend`](crate::PostgresBackend).
+///
+/// Built from a URL with [`PostgresOptions::from_url`], then adjusted with
+/// the `with_*` methods:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::from_url("postgres://app:secret@db:5432/app?max_held_locks=8")?
+///     .with_response_timeout(Duration::from_secs(2));
+/// assert_eq!(options.max_held_locks(), 8);
+/// assert!(!format!("{options:?}").contains("secret"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct PostgresOptions {
+    pub(crate) connect: PgConnectOptions,
+    pub(crate) endpoint: String,
+    pub(crate) names: Names,
+    pub(crate) max_held_locks: usize,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) create_schema: bool,
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("endpoint", &self.endpoint)
+            .field("table", &self.names.table())
+            .field("sequence", &self.names.sequence())
+            .field("max_held_locks", &self.max_held_locks)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("create_schema", &self.create_schema)
+            .finish()
+    }
+}
+
+impl PostgresOptions {
+    /// Default number of locks one backend may hold at once (each pins a connection).
+    pub const DEFAULT_MAX_HELD_LOCKS: usize = 32;
+    /// Default time allowed to open a connection.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default time allowed for one statement's reply.
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Parses `postgres://` or `postgresql://` URLs. Driver options
+    /// (`sslmode`, `application_name`, `options`, `sslrootcert`, ...) are passed
+    /// to the driver; this crate reads `max_held_locks`, `connect_timeout_ms`,
+    /// `response_timeout_ms`, `schema`, `table`, `sequence` and `create_schema`.
+    pub fn from_url(url: &str) -> Result<PostgresOptions> {
+        let redacted = redact(url);
+        let bad = |problem: String| Error::invalid("url", format!("{redacted}: {problem}"));
+        let mut parsed = url::Url::parse(url).map_err(|e| bad(format!("not a URL: {e}")))?;
+        if !crate::SCHEMES.contains(&parsed.scheme()) {
+            return Err(bad(format!(
+                "scheme `{}` is not one of {}",
+                parsed.scheme(),
+                crate::SCHEMES.join(", ")
+            )));
+        }
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let own = |name: &str| {
+            pairs
+                .iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let driver: Vec<_> = pairs
+            .iter()
+            .filter(|(k, _)| !OWN_PARAMS.contains(&k.as_str()))
+            .collect();
+        if driver.is_empty() {
+            parsed.set_query(None);
+        } else {
+            parsed.query_pairs_mut().clear().extend_pairs(driver);
+        }
+        let connect = PgConnectOptions::from_str(parsed.as_str())
+            .map_err(|e| bad(format!("rejected by the driver: {e}")))?;
+
+        let number = |name: &str| -> Result<Option<u64>> {
+            own(name)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map_err(|_| bad(format!("`{name}` must be a whole number, got `{v}`")))
+                })
+                .transpose()
+        };
+        let mut options = PostgresOptions {
+            connect,
+            endpoint: redacted.clone(),
+            names: Names::default(),
+            max_held_locks: Self::DEFAULT_MAX_HELD_LOCKS,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            create_schema: true,
+        };
+        if let Some(n) = number("max_held_locks")? {
+            options = options.with_max_held_locks(n as usize)?;
+        }
+        if let Some(ms) = number("connect_timeout_ms")? {
+            options = options.with_connect_timeout(Duration::from_millis(ms));
+        }
+        if let Some(ms) = number("response_timeout_ms")? {
+            options = options.with_response_timeout(Duration::from_millis(ms));
+        }
+        let schema = own("schema").unwrap_or(options.names.schema());
+        let table = own("table").unwrap_or(options.names.table_name());
+        let sequence = own("sequence").unwrap_or(options.names.sequence_name());
+        options.names = Names::new(schema, table, sequence)?;
+        if let Some(v) = own("create_schema") {
+            options.create_schema = match v {
+                "true" | "1" | "on" => true,
+                "false" | "0" | "off" => false,
+                _ => {
+                    return Err(bad(format!(
+                        "`create_schema` must be true or false, got `{v}`"
+                    )));
+                }
+            };
+        }
+        Ok(options)
+    }
+
+    /// Sets how many locks this backend may hold at once. Each held lock
+    /// (and each `acquire` waiting in the server) pins one connection; past
+    /// the limit, acquiring fails at once with [`Error::LimitReached`].
+    pub fn with_max_held_locks(mut self, max: usize) -> Result<Self> {
+        if max == 0 {
+            return Err(Error::invalid("max_held_locks", "must be at least 1"));
+        }
+        self.max_held_locks = max;
+        Ok(self)
+    }
+
+    /// Sets the time allowed to open a connection.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the time allowed for one statement's reply (not for waiting on a lock).
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sets the schema, table and sequence names. Each must be a plain
+    /// identifier: ASCII letters, digits and `_`, not starting with a digit,
+    /// at most 63 bytes.
+    pub fn with_names(mut self, schema: &str, table: &str, sequence: &str) -> Result<Self> {
+        self.names = Names::new(schema, table, sequence)?;
+        Ok(self)
+    }
+
+    /// Whether `connect` creates the schema, table and sequence when they are
+    /// missing (default true). Turn it off when migrations are managed
+    /// elsewhere with [`schema_sql`](Self::schema_sql).
+    pub fn with_create_schema(mut self, create: bool) -> Self {
+        self.create_schema = create;
+        self
+    }
+
+    /// The limit on locks held at once.
+    pub fn max_held_locks(&self) -> usize {
+        self.max_held_locks
+    }
+
+    /// The statements that create the schema, table and sequence for these
+    /// names; [`SCHEMA_SQL`](crate::SCHEMA_SQL) for the default names.
+    pub fn schema_sql(&self) -> String {
+        self.names.schema_sql()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_parameters_are_read_and_driver_parameters_passed_on() {
+        let o = PostgresOptions::from_url(
+            "postgresql://u:pw@db.example:6543/app?sslmode=disable&application_name=billing&max_held_locks=3&table=my_locks&response_timeout_ms=250",
+        )
+        .unwrap();
+        assert_eq!(o.max_held_locks, 3);
+        assert_eq!(o.response_timeout, Duration::from_millis(250));
+        assert_eq!(o.names.table(), "\"lockkit\".\"my_locks\"");
+        assert_eq!(o.connect.get_application_name(), Some("billing"));
+        assert_eq!(o.connect.get_port(), 6543);
+        assert_eq!(o.connect.get_database(), Some("app"));
+        let shown = format!("{o:?}");
+        assert!(
+            !shown.contains("pw") && shown.contains("db.example"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_without_the_password() {
+        for (url, expect) in [
+            ("postgres://u:pw@h/db?max_held_locks=0", "at least 1"),
+            ("postgres://u:pw@h/db?max_held_locks=many", "whole number"),
+            ("postgres://u:pw@h/db?table=locks;drop", "plain identifier"),
+            ("postgres://u:pw@h/db?create_schema=maybe", "true or false"),
+            ("mysql://u:pw@h/db", "scheme"),
+        ] {
+            let err = PostgresOptions::from_url(url).unwrap_err().to_string();
+            assert!(err.contains(expect) && !err.contains("pw@"), "{url}: {err}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The connection budget: each held lock pins one connection for as long as
+//! it is held; released connections wait here for the next grant.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{Error, Result};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::errors;
+
+/// A connection taken out of the budget. Dropping it closes the socket, so
+/// the server ends its transaction and frees any row it locked.
+pub(crate) struct Pinned {
+    pub conn: PgConnection,
+    /// True while a statement is in flight; still true at the next use if
+    /// that statement's future was dropped, leaving the protocol mid-reply.
+    pub busy: bool,
+    /// The holder wrote through the lock's transaction, so release commits.
+    pub wrote: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Pinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pinned")
+            .field("busy", &self.busy)
+            .field("wrote", &self.wrote)
+            .finish()
+    }
+}
+
+pub(crate) struct Connections {
+    options: PgConnectOptions,
+    pub endpoint: String,
+    budget: Arc<Semaphore>,
+    max: usize,
+    idle: Mutex<Vec<PgConnection>>,
+    connect_timeout: Duration,
+}
+
+impl Connections {
+    pub(crate) fn new(
+        options: PgConnectOptions,
+        endpoint: String,
+        max: usize,
+        connect_timeout: Duration,
+    ) -> Self {
+        Connections {
+            options,
+            endpoint,
+            budget: Arc::new(Semaphore::new(max)),
+            max,
+            idle: Mutex::new(Vec::new()),
+            connect_timeout,
+        }
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.max
+    }
+
+    /// A connection within the budget, or [`Error::LimitReached`] at once.
+    /// `fresh` skips idle connections (after one turned out to be dead).
+    pub(crate) async fn pin(&self, fresh: bool) -> Result<(Pinned, bool)> {
+        let permit = self.budget.clone().try_acquire_owned().map_err(|_| Error::LimitReached {
+            what: "locks held (or waited for) at once by this postgres backend, each pinning a connection".into(),
+            limit: self.max,
+        })?;
+        let idle = if fresh {
+            None
+        } else {
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        };
+        let (conn, reused) = match idle {
+            Some(conn) => (conn, true),
+            None => (self.open().await?, false),
+        };
+        Ok((
+            Pinned {
+                conn,
+                busy: false,
+                wrote: false,
+                _permit: permit,
+            },
+            reused,
+        ))
+    }
+
+    /// Opens a new connection within the connect timeout.
+    pub(crate) async fn open(&self) -> Result<PgConnection> {
+        match tokio::time::timeout(self.connect_timeout, self.options.connect()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(errors::connect(&self.endpoint, e)),
+            Err(_) => Err(errors::timed_out(&self.endpoint, "the connection attempt")),
+        }
+    }
+
+    /// Puts a connection that is outside any transaction back for reuse;
+    /// the permit is returned after it, so the next grant finds it.
+    pub(crate) fn give_back(&self, pinned: Pinned) {
+        let Pinned {
+            conn,
+            busy,
+            _permit,
+            ..
+        } = pinned;
+        if !busy {
+            self.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(conn);
+        }
+        drop(_permit);
+    }
+
+    /// Ends the open transaction with ROLLBACK and keeps the connection, or
+    /// drops it (which ends the transaction too) if that fails.
+    pub(crate) async fn roll_back_and_give_back(&self, mut pinned: Pinned, timeout: Duration) {
+        pinned.busy = true;
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(timeout, crate::simple(&mut pinned.conn, "ROLLBACK")).await
+        {
+            pinned.busy = false;
+            self.give_back(pinned);
+        }
+    }
+
+    /// Closes idle connections (they are reopened on demand).
+    pub(crate) async fn close_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        for conn in idle {
+            let _ = conn.close().await;
+        }
+    }
+}

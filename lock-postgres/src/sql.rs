@@ -1,0 +1,204 @@
+//! Every statement this backend sends, built once from validated names.
+
+use std::time::Duration;
+
+use lock_core::{Error, Result};
+
+/// The schema SQL for the default names; see
+/// [`PostgresOptions::schema_sql`](crate::PostgresOptions::schema_sql) for others.
+pub const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
+
+/// The custom setting marking the lock's transaction: `SET LOCAL` makes it
+/// vanish when that transaction ends, whoever ended it.
+const HELD_MARK: &str = "lockkit.held";
+
+/// Validated schema, table and sequence names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Names {
+    schema: String,
+    table: String,
+    sequence: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names {
+            schema: "lockkit".into(),
+            table: "locks".into(),
+            sequence: "fencing_tokens".into(),
+        }
+    }
+}
+
+/// Accepts plain identifiers only, so names can be spliced into SQL quoted.
+pub(crate) fn identifier(field: &'static str, name: &str) -> Result<()> {
+    let plain = !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if plain {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            field,
+            format!(
+                "`{name}` is not a plain identifier (ASCII letters, digits and _, not starting with a digit, at most 63 bytes)"
+            ),
+        ))
+    }
+}
+
+impl Names {
+    pub(crate) fn new(schema: &str, table: &str, sequence: &str) -> Result<Names> {
+        identifier("schema", schema)?;
+        identifier("table", table)?;
+        identifier("sequence", sequence)?;
+        Ok(Names {
+            schema: schema.into(),
+            table: table.into(),
+            sequence: sequence.into(),
+        })
+    }
+
+    pub(crate) fn schema(&self) -> &str {
+        &self.schema
+    }
+    pub(crate) fn table_name(&self) -> &str {
+        &self.table
+    }
+    pub(crate) fn sequence_name(&self) -> &str {
+        &self.sequence
+    }
+
+    /// `"schema"."table"`.
+    pub(crate) fn table(&self) -> String {
+        format!("\"{}\".\"{}\"", self.schema, self.table)
+    }
+
+    /// `"schema"."sequence"`.
+    pub(crate) fn sequence(&self) -> String {
+        format!("\"{}\".\"{}\"", self.schema, self.sequence)
+    }
+
+    pub(crate) fn schema_sql(&self) -> String {
+        SCHEMA_SQL
+            .replace("\"lockkit\".\"locks\"", &self.table())
+            .replace("\"lockkit\".\"fencing_tokens\"", &self.sequence())
+            .replace(
+                "SCHEMA IF NOT EXISTS \"lockkit\"",
+                &format!("SCHEMA IF NOT EXISTS \"{}\"", self.schema),
+            )
+    }
+}
+
+/// The statements for one set of names.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// Autocommit, before the transaction: a contender never blocks on a
+    /// holder's uncommitted insert, and an existing row is left alone.
+    pub insert: String,
+    /// Locks the row without waiting, then draws the token: `nextval` runs
+    /// only once the row is locked, so tokens follow the order of grants.
+    pub lock_nowait: String,
+    /// The same, waiting in the server's lock queue up to `lock_timeout`.
+    pub lock_wait: String,
+    /// Whether the lock's transaction is still open, and the new idle timeout.
+    pub extend: String,
+    /// The server process holding a key's row lock.
+    pub holder_pid: String,
+    /// The keys under a prefix whose rows are locked now.
+    pub held: String,
+    /// Whether the table and the sequence exist.
+    pub exists: &'static str,
+    /// Creates them under an advisory lock, so concurrent first connects do not race.
+    pub create: String,
+}
+
+impl Statements {
+    pub(crate) fn new(names: &Names) -> Statements {
+        let (table, sequence) = (names.table(), names.sequence());
+        let lock = |wait: &str| {
+            format!(
+                "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE{wait}) SELECT nextval('{sequence}') FROM held"
+            )
+        };
+        Statements {
+            insert: format!("INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"),
+            lock_nowait: lock(" NOWAIT"),
+            lock_wait: lock(""),
+            extend: format!(
+                "SELECT current_setting('{HELD_MARK}', true) = 'on', set_config('idle_in_transaction_session_timeout', $1, true)"
+            ),
+            holder_pid: format!(
+                "SELECT l.pid FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
+                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE k.name = $1"
+            ),
+            held: format!(
+                "SELECT k.name FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
+                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 ORDER BY k.name"
+            ),
+            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+            // A fixed advisory key: any lockkit process creating any schema serialises here, briefly, once.
+            create: format!(
+                "BEGIN; SELECT pg_advisory_xact_lock(7236120351244620127); {} COMMIT;",
+                names.schema_sql()
+            ),
+        }
+    }
+}
+
+/// Opens the lock's transaction in one round trip. The idle timeout is the
+/// TTL: a holder that stops renewing is ended by the server, which frees the
+/// row. `lock_timeout` bounds any wait (the row lock when waiting, anything
+/// else as a safety net). Values are whole milliseconds, so splicing is safe.
+pub(crate) fn begin(ttl: Duration, lock_timeout: Duration, check_client: bool) -> String {
+    let mut sql = format!(
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL lock_timeout = {}; SET LOCAL {HELD_MARK} = 'on';",
+        millis(ttl),
+        millis(lock_timeout)
+    );
+    if check_client {
+        // A waiter whose client went away (a cancelled acquire) leaves the queue within a second.
+        sql.push_str(" SET LOCAL client_connection_check_interval = 1000;");
+    }
+    sql
+}
+
+/// Whole milliseconds, at least 1 (0 would mean "no timeout" to PostgreSQL).
+pub(crate) fn millis(d: Duration) -> u64 {
+    (d.as_millis().min(i32::MAX as u128) as u64).max(1)
+}
+
+/// Whether the lock's transaction is open and healthy (fails if it is aborted).
+pub(crate) const HELD_CHECK: &str = "SELECT current_setting('lockkit.held', true) = 'on'";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_plain_or_refused() {
+        for ok in ["locks", "_x", "Locks_2"] {
+            assert!(identifier("table", ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "2locks", "lo\"cks", "a.b", "a b", "é", &"x".repeat(64)] {
+            assert!(identifier("table", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shipped_schema_is_the_default_names_schema() {
+        assert_eq!(Names::default().schema_sql(), SCHEMA_SQL);
+        let custom = Names::new("app", "mutex", "tokens").unwrap().schema_sql();
+        assert!(
+            custom.contains("\"app\".\"mutex\"") && custom.contains("\"app\".\"tokens\""),
+            "{custom}"
+        );
+        assert!(!custom.contains("\"lockkit\""), "{custom}");
+    }
+
+    #[test]
+    fn timeouts_are_never_zero() {
+        assert!(begin(Duration::from_micros(10), Duration::ZERO, false).contains("= 1;"));
+    }
+}
