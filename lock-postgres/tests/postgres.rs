@@ -1,0 +1,370 @@
+//! PostgreSQL-specific behaviour against the shared server of
+//! `scripts/servers.sh`. These tests end only sessions they opened.
+
+use std::time::Duration;
+
+use conformance_tests::server_url;
+use lock_core::{Error, FencingToken, GuardOptions, LockBackend, Locker, LostReason};
+use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lock_postgres::{FenceTable, PostgresBackend};
+use tokio::time::{Instant, timeout};
+
+/// Generous: a slow machine must not fail these tests.
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn prefix() -> String {
+    format!("pgtest-{:016x}/", getrandom::u64().expect("random"))
+}
+
+async fn setup(params: &str) -> Option<(String, PostgresBackend)> {
+    let url = server_url("LOCKKIT_POSTGRES_URL")?;
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = if params.is_empty() {
+        url
+    } else {
+        format!("{url}{sep}{params}")
+    };
+    let backend = PostgresBackend::connect(&url).await.expect("connect");
+    Some((url, backend))
+}
+
+async fn plain(url: &str) -> PgConnection {
+    let url = url.split('?').next().unwrap_or(url);
+    PgConnection::connect(url).await.expect("plain connection")
+}
+
+async fn terminate(conn: &mut PgConnection, pid: i32) {
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(pid)
+        .fetch_one(conn)
+        .await
+        .unwrap();
+    assert!(ended, "pg_terminate_backend({pid}) did not end the session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_the_holder_fires_lost_and_lets_the_next_in() {
+    let Some((url, backend)) = setup("").await else {
+        return;
+    };
+    let key = format!("{}terminated", prefix());
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .guard(&key, GuardOptions::new(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    let contender = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move { locker.acquire(&key, Duration::from_secs(30), LIMIT).await }
+    });
+    // The contender is queued in the server behind the holder.
+    let pid = backend.holder_pid(&key).await.unwrap().expect("a holder");
+    terminate(&mut plain(&url).await, pid).await;
+    let reason = timeout(LIMIT, lost).await.expect("lost() did not fire");
+    assert_eq!(reason, LostReason::ConnectionLost);
+    let next = timeout(LIMIT, contender)
+        .await
+        .expect("contender still waiting")
+        .unwrap()
+        .expect("contender");
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert_ne!(backend.holder_pid(&key).await.unwrap(), Some(pid));
+    locker.release(next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_stops_renewing_is_ended_by_the_idle_timeout() {
+    let Some((_, backend)) = setup("").await else {
+        return;
+    };
+    let key = format!("{}stalled", prefix());
+    let locker = Locker::new(backend.clone());
+    let ttl = Duration::from_millis(300);
+    let stalled = locker.try_acquire(&key, ttl).await.unwrap();
+    let started = Instant::now();
+    // Waits in the server; the row is freed when the idle timeout ends the holder's session.
+    let next = locker
+        .acquire(&key, Duration::from_secs(30), LIMIT)
+        .await
+        .expect("freed by the idle timeout");
+    assert!(
+        started.elapsed() >= ttl / 2,
+        "granted after {:?}, before the TTL could end the holder",
+        started.elapsed()
+    );
+    // The stalled holder learns it lost the lock (the backend is asked directly:
+    // the client-side deadline check would answer first otherwise).
+    let err = backend.extend(&stalled, ttl).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LostReason::ConnectionLost,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(backend.release(&stalled).await.unwrap_err().is_lost());
+    locker.release(next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_in_the_lock_transaction_commit_only_while_held() {
+    let Some((url, backend)) = setup("").await else {
+        return;
+    };
+    let prefix = prefix();
+    let locker = Locker::new(backend.clone());
+    let mut check = plain(&url).await;
+    let table = format!("lockkit_test_{:016x}", getrandom::u64().unwrap());
+    sqlx::raw_sql(&format!("CREATE TABLE {table} (id int PRIMARY KEY)"))
+        .execute(&mut check)
+        .await
+        .unwrap();
+    let write = |id: i32| format!("INSERT INTO {table} VALUES ({id})");
+
+    // Held all along: the write commits at release.
+    let lease = locker
+        .try_acquire(&format!("{prefix}kept"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    sqlx::query(&write(1))
+        .execute(&mut *backend.transaction(&lease).await.unwrap())
+        .await
+        .unwrap();
+    locker.release(lease).await.unwrap();
+
+    // Ended by the idle timeout after writing: release fails and the write is gone.
+    let ttl = Duration::from_millis(200);
+    let lease = locker
+        .try_acquire(&format!("{prefix}stalled"), ttl)
+        .await
+        .unwrap();
+    sqlx::query(&write(2))
+        .execute(&mut *backend.transaction(&lease).await.unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl * 5).await;
+    assert!(locker.release(lease).await.unwrap_err().is_lost());
+
+    // Terminated before writing: the write itself fails.
+    let key = format!("{prefix}terminated");
+    let lease = locker
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
+    terminate(
+        &mut check,
+        backend.holder_pid(&key).await.unwrap().expect("a holder"),
+    )
+    .await;
+    let mut tx = backend.transaction(&lease).await.unwrap();
+    assert!(
+        sqlx::query(&write(3)).execute(&mut *tx).await.is_err(),
+        "a write after termination succeeded"
+    );
+    drop(tx);
+    assert!(locker.release(lease).await.unwrap_err().is_lost());
+
+    let ids: Vec<i32> = sqlx::query_scalar(&format!("SELECT id FROM {table} ORDER BY id"))
+        .fetch_all(&mut check)
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+        .execute(&mut check)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids,
+        vec![1],
+        "only the write of the holder that kept its lock may persist"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_errors_at_once_and_recovers_after_releases() {
+    let Some((_, backend)) = setup("max_held_locks=2").await else {
+        return;
+    };
+    let prefix = prefix();
+    let locker = Locker::new(backend);
+    let ttl = Duration::from_secs(30);
+    let a = locker
+        .try_acquire(&format!("{prefix}a"), ttl)
+        .await
+        .unwrap();
+    let b = locker
+        .try_acquire(&format!("{prefix}b"), ttl)
+        .await
+        .unwrap();
+    for attempt in [
+        timeout(LIMIT, locker.try_acquire(&format!("{prefix}c"), ttl)).await,
+        timeout(LIMIT, locker.acquire(&format!("{prefix}c"), ttl, LIMIT)).await,
+    ] {
+        let err = attempt.expect("hung instead of refusing").unwrap_err();
+        assert!(matches!(err, Error::LimitReached { limit: 2, .. }), "{err}");
+    }
+    locker.release(a).await.unwrap();
+    let c = locker
+        .try_acquire(&format!("{prefix}c"), ttl)
+        .await
+        .expect("a released connection is reused");
+    // A lease dropped without release gives its connection back too, and frees its row.
+    drop(b);
+    let b2 = locker
+        .acquire(&format!("{prefix}b"), ttl, LIMIT)
+        .await
+        .expect("dropped lease freed its budget and row");
+    locker.release(b2).await.unwrap();
+    locker.release(c).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_contender_is_refused_at_once_not_blocked() {
+    // A long response timeout: a blocking INSERT or lock would show as a long wait, not an error.
+    let Some((url, first)) = setup("response_timeout_ms=60000").await else {
+        return;
+    };
+    let second = PostgresBackend::connect(&url).await.unwrap();
+    let (first, second) = (Locker::new(first), Locker::new(second));
+    // A fresh key: the holder inserted its row just now.
+    let key = format!("{}fresh", prefix());
+    let held = first
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = second
+            .try_acquire(&key, Duration::from_secs(30))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Contended {
+                    remaining: None,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "contended only after {:?}",
+            started.elapsed()
+        );
+    }
+    first.release(held).await.unwrap();
+    let lease = second
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .expect("free after release");
+    second.release(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_table_refuses_a_stale_holder() {
+    let Some((url, backend)) = setup("").await else {
+        return;
+    };
+    let key = format!("{}fenced", prefix());
+    let locker = Locker::new(backend.clone());
+    let mut conn = plain(&url).await;
+    let table = format!("lockkit_fences_{:016x}", getrandom::u64().unwrap());
+    let fences = FenceTable::new("public", &table).unwrap();
+    sqlx::raw_sql(&fences.create_sql())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let old = locker
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let old_token = old.fencing_token();
+    fences
+        .admit(&mut conn, "invoice/42", old_token)
+        .await
+        .unwrap()
+        .expect("first writer");
+    fences
+        .admit(&mut conn, "invoice/42", old_token)
+        .await
+        .unwrap()
+        .expect("same holder, next write");
+    // The old holder is ended behind its back; a new holder writes.
+    assert!(locker.force_release(&key).await.unwrap());
+    let new = locker
+        .acquire(&key, Duration::from_secs(30), LIMIT)
+        .await
+        .unwrap();
+    assert!(new.fencing_token() > old_token);
+    fences
+        .admit(&mut conn, "invoice/42", new.fencing_token())
+        .await
+        .unwrap()
+        .expect("new holder");
+    // The old holder, unaware, tries again: refused, naming the newer token.
+    let stale = fences
+        .admit(&mut conn, "invoice/42", old_token)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (stale.offered, stale.highest),
+        (old_token, new.fencing_token())
+    );
+    assert!(
+        fences
+            .admit(&mut conn, "invoice/43", FencingToken::new(1))
+            .await
+            .unwrap()
+            .is_ok(),
+        "resources are independent"
+    );
+    locker.release(new).await.unwrap();
+    sqlx::raw_sql(&format!("DROP TABLE public.{table}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_locks_are_listed_and_the_url_password_never_shown() {
+    let Some((_, backend)) = setup("").await else {
+        return;
+    };
+    let prefix = prefix();
+    let locker = Locker::new(backend);
+    let a = locker
+        .try_acquire(&format!("{prefix}a"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let b = locker
+        .try_acquire(&format!("{prefix}b"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    locker.release(b).await.unwrap();
+    let held: Vec<String> = locker
+        .inspect(&prefix)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.key)
+        .collect();
+    assert_eq!(held, vec![format!("{prefix}a")]);
+    locker.release(a).await.unwrap();
+
+    let err =
+        PostgresBackend::connect("postgres://u:hunter2@127.0.0.1:1/db?connect_timeout_ms=2000")
+            .await
+            .unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(
+        !err.to_string().contains("hunter2") && err.to_string().contains("127.0.0.1:1"),
+        "{err}"
+    );
+}
