@@ -4,13 +4,13 @@ use conformance_tests::{Fixture, Sabotage, conformance_suite, server_url};
 use lock_core::Locker;
 use lock_redis::RedisBackend;
 
-struct Break(RedisBackend);
+struct Break(Locker);
 
 #[async_trait::async_trait]
 impl Sabotage for Break {
     async fn remove_grant(&self, key: &str) {
         assert!(
-            self.0.break_lock(key).await.expect("DEL"),
+            self.0.force_release(key).await.expect("DEL"),
             "no grant on {key} to remove"
         );
     }
@@ -19,7 +19,8 @@ impl Sabotage for Break {
 async fn fixture() -> Option<Fixture> {
     let url = server_url("LOCKKIT_REDIS_CLUSTER_URL")?;
     let backend = RedisBackend::connect(&url).await.expect("connect");
-    Some(Fixture::new(Locker::new(backend.clone()), Break(backend)))
+    let locker = Locker::new(backend);
+    Some(Fixture::new(locker.clone(), Break(locker)))
 }
 
 conformance_suite!(fixture);

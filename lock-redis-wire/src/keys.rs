@@ -88,9 +88,14 @@ impl KeyLayout {
         }
     }
 
-    /// A `SCAN MATCH` pattern for every key of this layout (grants and counters).
-    pub fn scan_pattern(&self) -> String {
-        format!("{}{{*", glob_escape(&self.prefix))
+    /// A `SCAN MATCH` pattern for the keys (grants and counters) of every
+    /// lock whose name starts with `key_prefix` (all locks when empty).
+    pub fn scan_pattern(&self, key_prefix: &str) -> String {
+        format!(
+            "{}{{{}*",
+            glob_escape(&self.prefix),
+            glob_escape(&escape(key_prefix))
+        )
     }
 
     /// A `PSUBSCRIBE` pattern matching the release channel of every lock.
@@ -234,7 +239,8 @@ mod tests {
     fn prefixes_with_braces_are_refused_and_globs_escaped() {
         assert!(KeyLayout::new("a{b").unwrap_err().is_invalid_input());
         let layout = KeyLayout::new("t*1:").unwrap();
-        assert_eq!(layout.scan_pattern(), "t\\*1:{*");
+        assert_eq!(layout.scan_pattern(""), "t\\*1:{*");
+        assert_eq!(layout.scan_pattern("a}[b"), "t\\*1:{a%7D\\[b*");
         assert_eq!(layout.channel_pattern(), "t\\*1:{*}:released");
     }
 }

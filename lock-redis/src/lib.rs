@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use lock_core::url::ServerUrl;
 use lock_core::{
-    Assumption, Capabilities, Error, FencingGuarantee, Grant, Lease, Limits, LockBackend, LockKey,
-    LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
+    Assumption, Capabilities, Error, FencingGuarantee, Grant, HeldLock, Lease, Limits, LockBackend,
+    LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
 };
 use lock_redis_wire::scripts::{self, AcquireReply};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 use lock_redis_wire::{RedisSettings, map_error};
 
 use crate::connection::Conn;
-pub use crate::view::{HeldLock, LockReport};
+pub use crate::view::LockReport;
 use crate::wake::Wakeups;
 
 /// The URL schemes this backend serves.
@@ -157,10 +157,10 @@ impl RedisBackend {
         &self.inner.settings.layout
     }
 
-    /// The locks held under the prefix with their remaining TTL, and the keys
-    /// under the prefix that have no TTL (leaks). Scans every master of a
-    /// cluster; on a busy server this walks the whole keyspace with `SCAN`.
-    pub async fn locks(&self) -> Result<LockReport> {
+    /// The locks whose names start with `key_prefix` (all when empty), with
+    /// their remaining TTL and fencing token, and the Redis keys among them
+    /// that have no TTL (leaks). Scans every master of a cluster with `SCAN`.
+    pub async fn report(&self, key_prefix: &str) -> Result<LockReport> {
         let inner = &self.inner;
         let backend = inner.capabilities.backend;
         let mut report = LockReport::default();
@@ -195,6 +195,7 @@ impl RedisBackend {
                 view::scan_into(
                     &mut conn,
                     &inner.settings.layout,
+                    key_prefix,
                     &endpoint,
                     backend,
                     &mut report,
@@ -205,6 +206,7 @@ impl RedisBackend {
             view::scan_into(
                 &mut inner.conn.clone(),
                 &inner.settings.layout,
+                key_prefix,
                 &inner.endpoint,
                 backend,
                 &mut report,
@@ -216,38 +218,8 @@ impl RedisBackend {
         Ok(report)
     }
 
-    /// Deletes the lock `key` whoever holds it, and wakes its waiters: for an
-    /// operator clearing a stuck or leaked lock. Its holder is not told; it
-    /// finds out at its next renewal. Returns whether there was a lock.
-    pub async fn break_lock(&self, key: &str) -> Result<bool> {
-        let keys = self.inner.settings.layout.keys(key);
-        let mut conn = self.inner.conn.clone();
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(&keys.lock)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.error(e))?;
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(&keys.channel)
-            .arg("released")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.error(e))?;
-        Ok(deleted == 1)
-    }
-
     fn error(&self, e: redis::RedisError) -> Error {
         map_error(self.inner.capabilities.backend, &self.inner.endpoint, e)
-    }
-
-    #[doc(hidden)]
-    pub fn subscribed_channels(&self) -> usize {
-        self.inner.wakeups.subscribed_channels()
-    }
-
-    #[doc(hidden)]
-    pub fn has_subscription_connection(&self) -> bool {
-        self.inner.wakeups.has_connection()
     }
 }
 
@@ -312,6 +284,28 @@ impl LockBackend for RedisBackend {
         } else {
             Err(Error::lost(lease.key().as_str(), LostReason::NotHeld))
         }
+    }
+
+    async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        Ok(self.report(prefix).await?.held)
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let keys = self.inner.settings.layout.keys(key.as_str());
+        let mut conn = self.inner.conn.clone();
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        // Waiters need not wait for their next poll.
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&keys.channel)
+            .arg("released")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(deleted == 1)
     }
 
     async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {

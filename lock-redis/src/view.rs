@@ -3,24 +3,16 @@
 
 use std::time::Duration;
 
-use lock_core::Result;
+use lock_core::{FencingToken, HeldLock, Result};
 use lock_redis_wire::keys::StoredKey;
 use lock_redis_wire::{KeyLayout, map_error};
 use redis::aio::ConnectionLike;
 
-/// A lock held right now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldLock {
-    /// The lock's key, as the user named it.
-    pub key: String,
-    /// How long until it expires unless renewed.
-    pub remaining: Duration,
-}
-
-/// What [`RedisBackend::locks`](crate::RedisBackend::locks) found.
+/// What [`RedisBackend::report`](crate::RedisBackend::report) found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockReport {
-    /// Locks held, sorted by key.
+    /// Locks held, sorted by key, with their remaining TTL and, while the
+    /// counter of their grant lives, their fencing token.
     pub held: Vec<HeldLock>,
     /// Redis keys under the prefix without a TTL, sorted. Every key this
     /// backend writes expires, so these were written by something else (or
@@ -30,15 +22,17 @@ pub struct LockReport {
 
 const SCAN_BATCH: usize = 500;
 
-/// Scans one server's keys under `layout` into `report`.
+/// Scans one server's keys of locks named `key_prefix...` into `report`.
 pub(crate) async fn scan_into<C: ConnectionLike + Send>(
     conn: &mut C,
     layout: &KeyLayout,
+    key_prefix: &str,
     endpoint: &str,
     backend: &'static str,
     report: &mut LockReport,
 ) -> Result<()> {
-    let pattern = layout.scan_pattern();
+    let pattern = layout.scan_pattern(key_prefix);
+    let fail = |e| map_error(backend, endpoint, e);
     let mut cursor: u64 = 0;
     loop {
         let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -49,25 +43,37 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
             .arg(SCAN_BATCH)
             .query_async(conn)
             .await
-            .map_err(|e| map_error(backend, endpoint, e))?;
+            .map_err(fail)?;
         if !names.is_empty() {
             let mut pipe = redis::pipe();
             for name in &names {
                 pipe.cmd("PTTL").arg(name);
             }
-            let ttls: Vec<i64> = pipe
-                .query_async(conn)
-                .await
-                .map_err(|e| map_error(backend, endpoint, e))?;
+            let ttls: Vec<i64> = pipe.query_async(conn).await.map_err(fail)?;
+            let mut held = Vec::new();
             for (name, ttl) in names.into_iter().zip(ttls) {
                 match (ttl, layout.parse(&name)) {
                     (-2, _) => {} // expired between SCAN and PTTL
                     (-1, _) => report.leaks.push(name),
-                    (ms, Some(StoredKey::Lock(key))) => report.held.push(HeldLock {
-                        key,
-                        remaining: Duration::from_millis(ms.max(0) as u64),
-                    }),
+                    (ms, Some(StoredKey::Lock(key))) => {
+                        held.push((key, Duration::from_millis(ms.max(0) as u64)))
+                    }
                     _ => {}
+                }
+            }
+            if !held.is_empty() {
+                // The counter holds the token of the latest grant, which is the holder's.
+                let mut pipe = redis::pipe();
+                for (key, _) in &held {
+                    pipe.cmd("GET").arg(layout.keys(key).counter);
+                }
+                let tokens: Vec<Option<u64>> = pipe.query_async(conn).await.map_err(fail)?;
+                for ((key, remaining), token) in held.into_iter().zip(tokens) {
+                    let lock = HeldLock::new(key).with_remaining(remaining);
+                    report.held.push(match token {
+                        Some(t) => lock.with_fencing_token(FencingToken::new(t)),
+                        None => lock,
+                    });
                 }
             }
         }

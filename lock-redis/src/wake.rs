@@ -101,21 +101,6 @@ impl Wakeups {
             notified.await;
         })
     }
-
-    /// How many channels the subscription connection is subscribed to (for tests).
-    #[doc(hidden)]
-    pub(crate) fn subscribed_channels(&self) -> usize {
-        lock(&self.shared.channels)
-            .values()
-            .filter(|c| c.subscribed)
-            .count()
-    }
-
-    /// Whether the subscription connection has been opened (for tests).
-    #[doc(hidden)]
-    pub(crate) fn has_connection(&self) -> bool {
-        self.shared.connection.initialized()
-    }
 }
 
 impl Shared {

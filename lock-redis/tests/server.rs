@@ -1,0 +1,270 @@
+//! Behaviour that needs a private Redis: restarts, pauses, passwords,
+//! wake-ups measured against the poll interval, the operator view.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use lock_core::{Backoff, Error, LockBackend, Locker, LockerOptions};
+use lock_redis::RedisBackend;
+use lock_testkit::RedisServer;
+use tokio::time::{Instant, timeout};
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn connect(server: &RedisServer) -> RedisBackend {
+    RedisBackend::connect(&server.url()).await.expect("connect")
+}
+
+/// Retries until the backend's connection is back after a restart.
+async fn try_acquire_until_up(locker: &Locker, key: &str) -> lock_core::Lease {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        match locker.try_acquire(key, TTL).await {
+            Ok(lease) => return lease,
+            Err(e) if e.is_unavailable() && Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("no grant after the restart: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_after_a_restart_without_persistence() {
+    let server = RedisServer::start().expect("start redis");
+    let locker = Locker::new(connect(&server).await);
+    let mut last = 0;
+    for _ in 0..3 {
+        let lease = locker.try_acquire("restart/a", TTL).await.unwrap();
+        assert!(lease.fencing_token().get() > last);
+        last = lease.fencing_token().get();
+        locker.release(lease).await.unwrap();
+    }
+
+    server.restart().expect("restart");
+    assert_eq!(
+        server.cli(&["DBSIZE"]).unwrap(),
+        "0",
+        "the restart kept the data: this test would prove nothing"
+    );
+
+    let lease = try_acquire_until_up(&locker, "restart/a").await;
+    assert!(
+        lease.fencing_token().get() > last,
+        "token went backwards after the restart: {} after {last}",
+        lease.fencing_token()
+    );
+    let next_token = lease.fencing_token().get();
+    locker.release(lease).await.unwrap();
+    let lease = locker.try_acquire("restart/a", TTL).await.unwrap();
+    assert!(lease.fencing_token().get() > next_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
+    let server = RedisServer::start().expect("start redis");
+    let backend = connect(&server).await;
+    // Polls at most every 10 s (at least 5 s for the first): a handoff well
+    // under that came from the release message.
+    let poll = Backoff {
+        initial: Duration::from_secs(10),
+        max: Duration::from_secs(10),
+    };
+    let locker = Locker::new(backend.clone()).with_options(LockerOptions {
+        backoff: poll,
+        ..LockerOptions::default()
+    });
+    let held = locker.try_acquire("handoff", TTL).await.unwrap();
+
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                let lease = locker
+                    .acquire("handoff", TTL, Duration::from_secs(60))
+                    .await?;
+                let woke = Instant::now();
+                locker.release(lease).await?;
+                Ok::<_, Error>(woke)
+            })
+        })
+        .collect();
+    // Every waiter has tried, lost, and is now subscribed.
+    timeout(Duration::from_secs(20), async {
+        while subscribers(&server) != 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiters never subscribed");
+    assert_eq!(
+        pubsub_connections(&server),
+        1,
+        "waiters must share one subscription connection"
+    );
+
+    let released = Instant::now();
+    locker.release(held).await.unwrap();
+    for waiter in waiters {
+        let woke = timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("waiter hung")
+            .unwrap()
+            .unwrap();
+        assert!(
+            woke - released < Duration::from_secs(2),
+            "handoff took {:?}, as long as a poll: the release message did not wake the waiter",
+            woke - released
+        );
+    }
+    // The last waiter gone, the channel is unsubscribed.
+    timeout(Duration::from_secs(20), async {
+        while subscribers(&server) != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the release channel stayed subscribed after the waiters left");
+}
+
+fn subscribers(server: &RedisServer) -> usize {
+    server
+        .cli(&["PUBSUB", "NUMSUB", "lockkit:{handoff}:released"])
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn pubsub_connections(server: &RedisServer) -> usize {
+    server
+        .cli(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_within_the_connect_timeout() {
+    // A port nobody listens on: refused at once.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let err = RedisBackend::connect(&format!("redis://:pw@127.0.0.1:{port}?timeout_ms=500"))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(err.is_unavailable(), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("redis://127.0.0.1:{port}")),
+        "{err}"
+    );
+
+    // A server that accepts connections but never answers: the timeout decides.
+    let server = RedisServer::start().expect("start redis");
+    server.pause().unwrap();
+    let started = Instant::now();
+    let err = RedisBackend::connect(&format!("{}?timeout_ms=500", server.url()))
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    server.resume().unwrap();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(err.to_string().contains(&server.host_port()), "{err}");
+    assert!(
+        waited < Duration::from_millis(1500),
+        "took {waited:?} with a 500 ms timeout"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_stops_answering_makes_operations_unavailable_within_the_response_timeout() {
+    let server = RedisServer::start().expect("start redis");
+    let locker = Locker::new(
+        RedisBackend::connect(&format!("{}?timeout_ms=500", server.url()))
+            .await
+            .unwrap(),
+    );
+    server.pause().unwrap();
+    let started = Instant::now();
+    let err = locker.try_acquire("paused", TTL).await.unwrap_err();
+    let waited = started.elapsed();
+    server.resume().unwrap();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(
+        waited < Duration::from_millis(1500),
+        "took {waited:?} with a 500 ms timeout"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_an_auth_error_without_the_password() {
+    let server = RedisServer::start().expect("start redis");
+    server
+        .cli(&["CONFIG", "SET", "requirepass", "right-horse-battery"])
+        .unwrap();
+    let url = format!("redis://:wrong-staple-7f3a@{}", server.host_port());
+    let err = RedisBackend::connect(&url).await.unwrap_err();
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    for shown in [err.to_string(), format!("{err:?}")] {
+        assert!(
+            !shown.contains("wrong-staple-7f3a"),
+            "password printed: {shown}"
+        );
+        assert!(
+            shown.contains(&server.host_port()),
+            "endpoint missing: {shown}"
+        );
+    }
+
+    let backend = RedisBackend::connect(&format!(
+        "redis://:right-horse-battery@{}",
+        server.host_port()
+    ))
+    .await
+    .unwrap();
+    assert!(!format!("{backend:?}").contains("right-horse-battery"));
+    Locker::new(backend).try_acquire("auth", TTL).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_operator_view_lists_held_locks_and_leaks() {
+    let server = RedisServer::start().expect("start redis");
+    let backend = RedisBackend::connect(&format!("{}/2?prefix=ops:", server.url()))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let _a = locker.try_acquire("jobs/a", TTL).await.unwrap();
+    let b = locker
+        .try_acquire("jobs/b}", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let _other = locker.try_acquire("other", TTL).await.unwrap();
+    server
+        .cli(&["-n", "2", "SET", "ops:{jobs/leak}", "x"])
+        .unwrap();
+
+    let report = backend.report("jobs/").await.unwrap();
+    let keys: Vec<&str> = report.held.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, ["jobs/a", "jobs/b}"]);
+    assert!(report.held[0].remaining.unwrap() > Duration::from_secs(25));
+    assert!(report.held[1].remaining.unwrap() <= Duration::from_secs(5));
+    assert_eq!(report.held[1].fencing_token, Some(b.fencing_token()));
+    assert_eq!(report.leaks, ["ops:{jobs/leak}"]);
+
+    assert_eq!(locker.inspect("").await.unwrap().len(), 3);
+    assert!(locker.force_release("jobs/a").await.unwrap());
+    assert!(!locker.force_release("jobs/a").await.unwrap());
+    assert_eq!(backend.inspect("jobs/").await.unwrap().len(), 1);
+}
