@@ -28,7 +28,8 @@ use lock_core::{FencingToken, OwnerToken};
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, Script};
 
-/// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms,
+/// optional `ARGV[3]` = `counter-first` (see [`acquire_for_quorum`]).
 /// Returns `{1, fencing token}` when granted, `{0, remaining TTL in ms}` when held
 /// (`-1`: the key has no TTL).
 pub const ACQUIRE_LUA: &str = r#"
@@ -38,8 +39,9 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-if token < now then token = now end
+local counter = redis.call('GET', KEYS[2])
+local token = tonumber(counter or '0') + 1
+if token < now and not (counter and ARGV[3] == 'counter-first') then token = now end
 -- Kept until the clock passes the token (then the clock alone is enough), plus the TTL.
 local keep = math.floor((token - now) / 1000) + tonumber(ARGV[2]) + 1000
 redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', keep)
@@ -132,12 +134,23 @@ pub async fn acquire<C: ConnectionLike>(
     owner: &OwnerToken,
     ttl: Duration,
 ) -> RedisResult<AcquireReply> {
+    invoke_acquire(conn, keys, owner, ttl, "clock-floor").await
+}
+
+async fn invoke_acquire<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    ttl: Duration,
+    mode: &str,
+) -> RedisResult<AcquireReply> {
     let (granted, value): (i64, i64) = SCRIPTS
         .acquire
         .key(&keys.lock)
         .key(&keys.counter)
         .arg(owner.to_hex())
         .arg(millis(ttl))
+        .arg(mode)
         .invoke_async(conn)
         .await?;
     Ok(if granted == 1 {
@@ -145,6 +158,21 @@ pub async fn acquire<C: ConnectionLike>(
     } else {
         AcquireReply::Contended(u64::try_from(value).ok().map(Duration::from_millis))
     })
+}
+
+/// Like [`acquire`], except that a counter that exists is only incremented,
+/// never moved up to the server's clock (a missing one is still seeded from
+/// it). For quorum fencing: nodes whose counters were written back to the
+/// same value then hand out the same next token, so a majority agrees on it
+/// and no write-back is needed. A node restored from a stale snapshot hands
+/// out a low token then; the majority's highest still wins.
+pub async fn acquire_for_quorum<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> RedisResult<AcquireReply> {
+    invoke_acquire(conn, keys, owner, ttl, "counter-first").await
 }
 
 /// Deletes the grant if `owner` holds it and publishes the release.
