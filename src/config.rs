@@ -131,6 +131,14 @@ impl Requirements {
     pub fn shortfalls(&self, caps: &Capabilities) -> Vec<Shortfall> {
         let mut out = Vec::new();
         let mut miss = |requires: String, offers: String| out.push(Shortfall { requires, offers });
+        if let Some(min) = self.min_safety
+            && caps.safety < min
+        {
+            miss(
+                format!("safety of at least `{}` ({min})", safety_name(min)),
+                format!("`{}` ({})", safety_name(caps.safety), caps.safety),
+            );
+        }
         let strict = caps.fencing.guarantee == FencingGuarantee::Strict;
         if (self.strict_fencing || self.no_clock_assumptions) && !strict {
             miss(
@@ -161,14 +169,6 @@ impl Requirements {
                     "locks that survive the loss of {}",
                     caps.tolerated_server_failures
                 ),
-            );
-        }
-        if let Some(min) = self.min_safety
-            && caps.safety < min
-        {
-            miss(
-                format!("safety of at least `{}` ({min})", safety_name(min)),
-                format!("`{}` ({})", safety_name(caps.safety), caps.safety),
             );
         }
         if self.fifo_fair && !caps.fifo_fair {

@@ -1,0 +1,373 @@
+//! Bad input, configuration and exit codes of the real `lockctl` binary.
+
+mod common;
+
+use std::io::Write;
+
+use common::*;
+
+#[test]
+fn the_command_exit_code_passes_through() {
+    let out = output(&["--url", "memory://", "run", "k", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3));
+    let out = output(&[
+        "--url",
+        "memory://",
+        "run",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+}
+
+#[test]
+fn the_command_sees_key_token_and_deadline() {
+    let out = output(&[
+        "--url",
+        "memory://",
+        "run",
+        "jobs/1",
+        "--ttl",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        "echo $LOCK_KEY $LOCK_FENCING_TOKEN $LOCK_DEADLINE",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let parts: Vec<_> = text.split_whitespace().collect();
+    assert_eq!(parts[..2], ["jobs/1", "1"]);
+    let deadline: u128 = parts[2].parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    assert!(
+        deadline > now + 15_000 && deadline <= now + 20_000,
+        "{deadline} vs {now}"
+    );
+}
+
+#[test]
+fn bad_input_gives_one_line_and_its_exit_code() {
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["run", "k", "--", "true"],
+            code::CONFIG,
+            "no backend given",
+        ),
+        (
+            &["--url", "localhost:6379", "run", "k", "--", "true"],
+            code::CONFIG,
+            "expected scheme://",
+        ),
+        (
+            &["--url", "zk://u:hunter2@h", "run", "k", "--", "true"],
+            code::CONFIG,
+            "unknown scheme `zk`",
+        ),
+        (
+            &["--url", "memory://", "run", "", "--", "true"],
+            code::CONFIG,
+            "key",
+        ),
+        (
+            &[
+                "--url",
+                "memory://",
+                "run",
+                "k",
+                "--ttl",
+                "1ms",
+                "--",
+                "true",
+            ],
+            code::CONFIG,
+            "ttl",
+        ),
+        (
+            &[
+                "--url",
+                "memory://",
+                "run",
+                "k",
+                "--ttl",
+                "soon",
+                "--",
+                "true",
+            ],
+            code::USAGE,
+            "not a duration",
+        ),
+        (&["--url", "memory://", "run", "k"], code::USAGE, "required"),
+        (
+            &["--url", "memory://", "frobnicate"],
+            code::USAGE,
+            "frobnicate",
+        ),
+        (
+            &[
+                "--url",
+                "memory://",
+                "run",
+                "k",
+                "--",
+                "no-such-command-here",
+            ],
+            code::NOT_FOUND,
+            "no-such-command-here",
+        ),
+        (
+            &["--url", "memory://", "release", "k"],
+            code::USAGE,
+            "--force --yes-i-know",
+        ),
+        (
+            &["--url", "memory://", "release", "k", "--force"],
+            code::USAGE,
+            "--force --yes-i-know",
+        ),
+        (
+            &["--profile", "p", "run", "k", "--", "true"],
+            code::CONFIG,
+            "LOCKKIT_CONFIG",
+        ),
+        (
+            &[
+                "--profile",
+                "p",
+                "--config",
+                "/no/such/file.toml",
+                "run",
+                "k",
+                "--",
+                "true",
+            ],
+            code::CONFIG,
+            "/no/such/file.toml",
+        ),
+        (
+            &["check-config", "/no/such/file.toml"],
+            code::CONFIG,
+            "/no/such/file.toml",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = output(args);
+        let stderr = assert_fails(&out, *code, needle);
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}
+
+#[test]
+fn lock_url_from_the_environment() {
+    let out = lockctl()
+        .env("LOCK_URL", "memory://")
+        .args(["run", "k", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn config_file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn a_profile_supplies_url_prefix_and_ttl() {
+    let f =
+        config_file("[profiles.jobs]\nurl = \"memory://\"\nttl = \"20s\"\nprefix = \"jobs/\"\n");
+    let out = lockctl()
+        .env("LOCKKIT_CONFIG", f.path())
+        .args([
+            "--profile",
+            "jobs",
+            "run",
+            "nightly",
+            "--",
+            "sh",
+            "-c",
+            "echo $LOCK_KEY",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "jobs/nightly");
+
+    let path = f.path().to_str().unwrap();
+    let out = output(&[
+        "--profile",
+        "nope",
+        "--config",
+        path,
+        "run",
+        "k",
+        "--",
+        "true",
+    ]);
+    assert_fails(&out, code::CONFIG, "no profile `nope`; profiles: jobs");
+    let out = output(&["check-config", path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("profile `jobs`: ok"));
+}
+
+#[test]
+fn a_malformed_config_names_the_file_and_line() {
+    let f = config_file("[profiles.a]\nurl = \"memory://\"\nttl = 30\n");
+    let path = f.path().to_str().unwrap();
+    let out = output(&["check-config", path]);
+    let stderr = assert_fails(&out, code::CONFIG, path);
+    assert!(stderr.contains("line 3"), "{stderr}");
+}
+
+/// A profile that needs a real lock service is refused on the in-process
+/// backend at start-up, and the command never runs.
+#[test]
+fn a_profile_whose_requirements_the_backend_misses_is_refused() {
+    let f = config_file(
+        "[profiles.payments]\nurl = \"memory://\"\nuse = \"financial\"\n\
+         [profiles.payments.require]\nsurvives_server_loss = 1\n",
+    );
+    let path = f.path().to_str().unwrap();
+    let out = output(&[
+        "--profile",
+        "payments",
+        "--config",
+        path,
+        "run",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+    let stderr = assert_fails(
+        &out,
+        code::CONFIG,
+        "profile `payments` (with `use = \"financial-inventory\"`) requires safety of at least `single-node`",
+    );
+    assert!(stderr.contains("memory:// offers `in-process`"), "{stderr}");
+    assert!(
+        stderr.contains("requires locks that survive the loss of 1 server(s)"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "the command ran");
+    let out = output(&["check-config", path]);
+    assert_fails(&out, code::CONFIG, "profile `payments`");
+}
+
+/// Fencing that must not rest on a clock is refused, with the explanation,
+/// on every shared server whose fencing rests on one.
+#[test]
+fn clock_free_fencing_is_refused_where_the_backend_rests_on_clocks() {
+    for (backend, url) in servers() {
+        let f = config_file(&format!(
+            "[profiles.payments]\nurl = \"{url}\"\n[profiles.payments.require]\n\
+             fencing = \"strict\"\nno_clock_assumptions = true\n"
+        ));
+        let path = f.path().to_str().unwrap();
+        let out = output(&[
+            "--profile",
+            "payments",
+            "--config",
+            path,
+            "run",
+            "k",
+            "--",
+            "true",
+        ]);
+        let locker = block_on(lockkit::connect(&url)).expect("connect");
+        if locker.capabilities().fencing.rests_on_clocks() {
+            let stderr = assert_fails(
+                &out,
+                code::CONFIG,
+                &format!(
+                    "profile `payments` requires fencing that rests on no clock assumption; {} offers a counter that rests on: ",
+                    lockkit::url::redact(&url)
+                ),
+            );
+            assert!(stderr.contains("clock"), "{backend}: {stderr}");
+        } else {
+            assert!(
+                out.status.success(),
+                "{backend}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unreachable_backend_has_its_own_exit_code() {
+    // A port nothing listens on (the discard port is closed on test machines).
+    let urls = [
+        (
+            "redis",
+            "redis://127.0.0.1:9/?connect_timeout_ms=500&response_timeout_ms=500",
+        ),
+        ("etcd", "etcd://127.0.0.1:9"),
+        ("postgres", "postgres://postgres@127.0.0.1:9/x"),
+    ];
+    for (scheme, url) in urls {
+        if !lockkit::available_schemes().contains(&scheme) {
+            continue;
+        }
+        let out = output(&["--url", url, "run", "k", "--", "true"]);
+        assert_fails(&out, code::UNAVAILABLE, "127.0.0.1:9");
+    }
+}
+
+#[test]
+fn list_status_and_forced_release_on_the_memory_backend() {
+    // Each lockctl process has its own memory lock space: nothing is held.
+    let out = output(&["--url", "memory://", "list"]);
+    assert!(out.status.success() && out.stdout.is_empty());
+    let out = output(&["--url", "memory://", "status", "k"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "k\tfree");
+    let out = output(&[
+        "--url",
+        "memory://",
+        "release",
+        "k",
+        "--force",
+        "--yes-i-know",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let out = output(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for code in ["64", "69", "75", "77", "78", "127", "128+S"] {
+        assert!(help.contains(code), "{code} missing from --help");
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}

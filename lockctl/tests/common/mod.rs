@@ -1,0 +1,166 @@
+//! Running the real `lockctl` binary, and the servers it can reach.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Generous bound for anything a test waits on.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Exit codes, as documented in `lockctl --help`.
+pub mod code {
+    pub const USAGE: i32 = 64;
+    pub const UNAVAILABLE: i32 = 69;
+    pub const NOT_ACQUIRED: i32 = 75;
+    pub const LOST: i32 = 77;
+    pub const CONFIG: i32 = 78;
+    pub const NOT_FOUND: i32 = 127;
+}
+
+/// `lockctl` with a clean environment for its own variables.
+pub fn lockctl() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lockctl"));
+    c.env_remove("LOCK_URL").env_remove("LOCKKIT_CONFIG");
+    c
+}
+
+/// Runs `lockctl args...` to completion.
+pub fn output(args: &[&str]) -> Output {
+    lockctl()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("lockctl runs")
+}
+
+/// Asserts a failure: the exit code, exactly one line on stderr that
+/// contains `needle`, and no panic.
+pub fn assert_fails(out: &Output, code: i32, needle: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr}");
+    assert!(stderr.starts_with("lockctl: "), "{stderr}");
+    assert!(stderr.contains(needle), "`{needle}` not in: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+/// A key no other run uses.
+pub fn unique_key(name: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "lockctl-test/{}-{nanos:x}-{}/{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The shared servers whose backend this build of lockctl includes: (name, url).
+/// A server that is compiled in but whose URL is missing fails the test when
+/// `LOCKKIT_REQUIRE_SERVERS=1`.
+pub fn servers() -> Vec<(&'static str, String)> {
+    let candidates = [
+        ("redis", "LOCKKIT_REDIS_URL"),
+        ("redlock", "LOCKKIT_REDLOCK_URL"),
+        ("etcd", "LOCKKIT_ETCD_URL"),
+        ("postgres", "LOCKKIT_POSTGRES_URL"),
+    ];
+    let built = lockkit::available_schemes();
+    let found: Vec<_> = candidates
+        .into_iter()
+        .filter(|(scheme, _)| built.contains(scheme))
+        .filter_map(|(scheme, var)| conformance_tests::server_url(var).map(|u| (scheme, u)))
+        .collect();
+    if found.is_empty() {
+        eprintln!(
+            "skipped: no shared server reachable by this build (schemes built in: {}); build with --all-features and source urls.env",
+            built.join(", ")
+        );
+    }
+    found
+}
+
+/// Polls for a file to appear (the event tests wait on).
+pub fn wait_for_file(path: &Path) {
+    let until = Instant::now() + PATIENCE;
+    while !path.exists() {
+        assert!(Instant::now() < until, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a child process to exit, within `PATIENCE`.
+pub fn wait_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() >= until {
+            let _ = child.kill();
+            panic!("lockctl did not exit within {PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// True while `pid` is a live process (a zombie counts as gone).
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(") ").next().and_then(|s| s.chars().next());
+            state != Some('Z') && state != Some('X')
+        }
+        Err(_) => false,
+    }
+}
+
+/// Reads a pid written by a test command.
+pub fn read_pid(path: &Path) -> i32 {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(pid) = text.trim().parse()
+        {
+            return pid;
+        }
+        assert!(Instant::now() < until, "no pid in {}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Removes `key`'s grant behind its holder's back: with `lockctl release
+/// --force` where the backend offers it, else with the backend's own client.
+/// Returns false when neither is possible for this backend.
+pub fn remove_from_outside(backend: &str, url: &str, key: &str) -> bool {
+    let out = output(&["--url", url, "release", key, "--force", "--yes-i-know"]);
+    match out.status.code() {
+        Some(0) => return true,
+        Some(code::USAGE) => {}
+        other => panic!(
+            "force release failed ({other:?}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+    if backend == "redis" {
+        // The lock's Redis key under the default prefix (lock-redis-wire's layout).
+        let hostport = url.trim_start_matches("redis://");
+        let hostport = hostport.split(['/', '?']).next().unwrap_or(hostport);
+        let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
+        let out = Command::new("redis-cli")
+            .args(["-h", host, "-p", port, "DEL", &format!("lockkit:{{{key}}}")])
+            .output()
+            .expect("redis-cli runs");
+        let reply = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(reply.trim(), "1", "DEL removed the grant: {reply}");
+        return true;
+    }
+    false
+}

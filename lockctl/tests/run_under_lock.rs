@@ -1,0 +1,208 @@
+//! `lockctl run` against every shared server this build can reach: mutual
+//! exclusion between processes, termination of the whole process group on
+//! loss, signal forwarding and release.
+
+mod common;
+
+use std::process::{Child, Stdio};
+
+use common::*;
+
+fn spawn(args: &[&str]) -> Child {
+    lockctl()
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lockctl starts")
+}
+
+fn stderr_of(child: Child) -> String {
+    let out = child.wait_with_output().expect("output");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Each child appends `start ID TOKEN` and `end ID`; with the lock held,
+/// every start is followed by its own end, and tokens grow in that order.
+#[test]
+fn runs_on_one_key_never_overlap() {
+    for (backend, url) in servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let key = unique_key("no-overlap");
+        let script = format!(
+            "echo \"start $ID $LOCK_FENCING_TOKEN\" >> {log}; sleep 0.2; echo \"end $ID\" >> {log}",
+            log = log.display()
+        );
+        let children: Vec<_> = (0..4)
+            .map(|id| {
+                lockctl()
+                    .args(["--url", &url, "run", &key, "--ttl", "10s", "--wait", "60s"])
+                    .args(["--", "sh", "-c", &script])
+                    .env("ID", id.to_string())
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .expect("lockctl starts")
+            })
+            .collect();
+        for mut child in children {
+            let status = wait_exit(&mut child);
+            assert!(status.success(), "{backend}: {status}");
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(lines.len(), 8, "{backend}: {text}");
+        let mut last_token = 0u64;
+        for pair in lines.chunks(2) {
+            let start: Vec<_> = pair[0].split(' ').collect();
+            assert_eq!(start[0], "start", "{backend}: interleaved: {text}");
+            assert_eq!(
+                pair[1],
+                format!("end {}", start[1]),
+                "{backend}: interleaved: {text}"
+            );
+            let token: u64 = start[2].parse().expect("a fencing token");
+            assert!(
+                token > last_token,
+                "{backend}: tokens not increasing: {text}"
+            );
+            last_token = token;
+        }
+    }
+}
+
+/// The grant vanishes behind lockctl's back: the command AND a grandchild
+/// that ignores SIGTERM are gone when lockctl exits with the "lost" code.
+#[test]
+fn a_lost_lock_terminates_the_whole_process_group() {
+    for (backend, url) in servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (child_pid, grandchild_pid) = (dir.path().join("child"), dir.path().join("grandchild"));
+        let key = unique_key("lost");
+        let script = format!(
+            "(trap '' TERM; exec sleep 1000) & echo $! > {gc}; echo $$ > {c}; wait",
+            gc = grandchild_pid.display(),
+            c = child_pid.display()
+        );
+        let mut lockctl = spawn(&[
+            "--url", &url, "run", &key, "--ttl", "3s", "--grace", "1s", "--", "sh", "-c", &script,
+        ]);
+        let (child, grandchild) = (read_pid(&child_pid), read_pid(&grandchild_pid));
+        assert!(process_alive(child) && process_alive(grandchild));
+        if !remove_from_outside(backend, &url, &key) {
+            eprintln!("skipped for {backend}: no way to remove a grant from outside yet");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(lockctl.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            wait_exit(&mut lockctl);
+            continue;
+        }
+        let status = wait_exit(&mut lockctl);
+        let stderr = stderr_of(lockctl);
+        assert_eq!(status.code(), Some(code::LOST), "{backend}: {stderr}");
+        assert!(
+            stderr.contains("lost while the command ran"),
+            "{backend}: {stderr}"
+        );
+        assert!(!process_alive(child), "{backend}: the command survived");
+        assert!(
+            !process_alive(grandchild),
+            "{backend}: the grandchild survived"
+        );
+    }
+}
+
+/// SIGTERM to lockctl reaches the command, which exits on it; the lock is
+/// then free at once (well before its TTL).
+#[test]
+fn sigterm_reaches_the_command_and_the_lock_is_released() {
+    for (backend, url) in servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, got) = (dir.path().join("ready"), dir.path().join("got-term"));
+        let key = unique_key("sigterm");
+        let script = format!(
+            "trap 'echo $LOCK_KEY > {got}; exit 0' TERM; echo > {ready}; while :; do sleep 0.05; done",
+            got = got.display(),
+            ready = ready.display()
+        );
+        let mut lockctl = spawn(&[
+            "--url", &url, "run", &key, "--ttl", "60s", "--", "sh", "-c", &script,
+        ]);
+        wait_for_file(&ready);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(lockctl.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = wait_exit(&mut lockctl);
+        assert_eq!(status.code(), Some(0), "{backend}: {}", stderr_of(lockctl));
+        assert_eq!(
+            std::fs::read_to_string(&got).unwrap().trim(),
+            key,
+            "{backend}"
+        );
+        let again = output(&["--url", &url, "run", &key, "--ttl", "60s", "--", "true"]);
+        assert!(
+            again.status.success(),
+            "{backend}: lock not released: {}",
+            String::from_utf8_lossy(&again.stderr)
+        );
+    }
+}
+
+/// A held lock makes a second `lockctl run` give up after --wait with the
+/// "not acquired" code, without running its command.
+#[test]
+fn acquire_timeout_has_its_own_exit_code() {
+    for (backend, url) in servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, done, ran) = (
+            dir.path().join("ready"),
+            dir.path().join("done"),
+            dir.path().join("ran"),
+        );
+        let key = unique_key("timeout");
+        let holder_script = format!(
+            "echo > {r}; while [ ! -e {d} ]; do sleep 0.05; done",
+            r = ready.display(),
+            d = done.display()
+        );
+        let mut holder = spawn(&[
+            "--url",
+            &url,
+            "run",
+            &key,
+            "--ttl",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &holder_script,
+        ]);
+        wait_for_file(&ready);
+        let out = output(&[
+            "--url",
+            &url,
+            "run",
+            &key,
+            "--wait",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo > {}", ran.display()),
+        ]);
+        let stderr = assert_fails(&out, code::NOT_ACQUIRED, &key);
+        assert!(
+            !ran.exists(),
+            "{backend}: the command ran without the lock: {stderr}"
+        );
+        std::fs::write(&done, "").unwrap();
+        assert!(wait_exit(&mut holder).success(), "{backend}");
+    }
+}
