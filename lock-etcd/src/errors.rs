@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use lock_core::Error;
 
 /// gRPC status codes (stable across gRPC implementations).
@@ -80,23 +82,65 @@ impl Endpoint {
 
     /// Runs one request, bounded by `timeout`: a cluster without a quorum
     /// does not answer writes at all, and a paused member not even reads.
+    /// A request that provably never reached a member (connection refused,
+    /// "no leader") is retried within that time: the client spreads requests
+    /// over all endpoints, dead ones included.
     /// `special` may map an error its own way first (a lease that is gone
     /// means a lost lock, not a backend error).
-    pub(crate) async fn bounded<T>(
+    pub(crate) async fn bounded<T, F>(
         &self,
         what: &str,
         timeout: Duration,
-        request: impl Future<Output = Result<T, etcd_client::Error>>,
+        mut request: impl FnMut() -> F,
         special: impl FnOnce(&etcd_client::Error) -> Option<Error>,
-    ) -> lock_core::Result<T> {
-        match tokio::time::timeout(timeout, request).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(special(&e).unwrap_or_else(|| self.map(what, e))),
-            Err(_) => Err(self.unavailable(
-                format!("{what}: no answer within the request timeout of {timeout:?} (is a majority of members up?)"),
-                None,
-            )),
+    ) -> lock_core::Result<T>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut last: Option<etcd_client::Error> = None;
+        loop {
+            match tokio::time::timeout_at(deadline, request()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if never_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    last = Some(e);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(special(&e).unwrap_or_else(|| self.map(what, e))),
+                Err(_) => {
+                    let reason = format!(
+                        "{what}: no answer within the request timeout of {timeout:?} (is a majority of members up?)"
+                    );
+                    return Err(self.unavailable(reason, last));
+                }
+            }
         }
+    }
+}
+
+/// Pause between retries of a request that never reached a member.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// True for errors that prove the request was not processed: the
+/// connection could not be made, or the member has no leader (it refuses
+/// before proposing anything). Retrying those is safe for any request.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) if i32::from(s.code()) == code::UNAVAILABLE => {
+            if s.message().contains("no leader") || s.message().contains("connect error") {
+                return true;
+            }
+            let mut source = std::error::Error::source(s);
+            while let Some(cause) = source {
+                if cause.to_string().contains("connect error") {
+                    return true;
+                }
+                source = cause.source();
+            }
+            false
+        }
+        _ => false,
     }
 }
 

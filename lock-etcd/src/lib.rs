@@ -176,16 +176,18 @@ impl EtcdBackend {
             .bounded(
                 "connect",
                 options.connect_timeout,
-                Client::connect(endpoints, Some(connect)),
+                || Client::connect(endpoints.clone(), Some(connect.clone())),
                 |_| None,
             )
             .await?;
-        let mut c = client.clone();
         let members = endpoint
             .bounded(
                 "member list",
                 options.request_timeout,
-                c.member_list(),
+                || {
+                    let mut c = client.clone();
+                    async move { c.member_list().await }
+                },
                 |_| None,
             )
             .await?;
@@ -226,9 +228,11 @@ impl EtcdBackend {
     /// revision in the lock's queue.
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>> {
         let queue = self.queue(&self.validate(key)?);
-        let mut c = self.client();
         let resp = self
-            .call("get holder", c.get(queue.prefix(), Some(queue.head())))
+            .call("get holder", |mut c| {
+                let queue = queue.clone();
+                async move { c.get(queue.prefix(), Some(queue.head())).await }
+            })
             .await?;
         Ok(resp.kvs().first().map(|kv| Holder {
             lease_id: kv.lease(),
@@ -239,15 +243,14 @@ impl EtcdBackend {
     /// How many entries the queue of `key` holds: the holder plus waiters.
     pub async fn queue_len(&self, key: &str) -> Result<usize> {
         let queue = self.queue(&self.validate(key)?);
-        let mut c = self.client();
         let resp = self
-            .call(
-                "count queue",
-                c.get(
-                    queue.prefix(),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                ),
-            )
+            .call("count queue", |mut c| {
+                let prefix = queue.prefix().to_vec();
+                async move {
+                    let options = GetOptions::new().with_prefix().with_count_only();
+                    c.get(prefix, Some(options)).await
+                }
+            })
             .await?;
         Ok(resp.count() as usize)
     }
@@ -255,10 +258,11 @@ impl EtcdBackend {
     /// Revokes an etcd lease, deleting every entry bound to it: what an
     /// operator (or a fault test) does to take a lock away from its holder.
     pub async fn revoke_lease(&self, lease_id: i64) -> Result<()> {
-        let mut c = self.client();
-        self.call("lease revoke", c.lease_revoke(lease_id))
-            .await
-            .map(|_| ())
+        self.call("lease revoke", |mut c| async move {
+            c.lease_revoke(lease_id).await
+        })
+        .await
+        .map(|_| ())
     }
 
     // ---- requests -------------------------------------------------------
@@ -275,44 +279,60 @@ impl EtcdBackend {
         Queue::new(&self.inner.prefix, key)
     }
 
-    async fn call<T>(
+    async fn call<T, F: Future<Output = std::result::Result<T, etcd_client::Error>>>(
         &self,
         what: &str,
-        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+        mut request: impl FnMut(Client) -> F,
     ) -> Result<T> {
         self.inner
             .endpoint
-            .bounded(what, self.inner.request_timeout, request, |_| None)
+            .bounded(
+                what,
+                self.inner.request_timeout,
+                || request(self.client()),
+                |_| None,
+            )
             .await
     }
 
     /// A request on a lease: "lease not found" means the lock is lost.
-    async fn call_lease<T>(
+    async fn call_lease<T, F: Future<Output = std::result::Result<T, etcd_client::Error>>>(
         &self,
         key: &LockKey,
         what: &str,
-        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+        mut request: impl FnMut(Client) -> F,
     ) -> Result<T> {
         let lost = |e: &etcd_client::Error| {
             is_lease_gone(e).then(|| Error::lost(key.as_str(), LostReason::NotHeld))
         };
         self.inner
             .endpoint
-            .bounded(what, self.inner.request_timeout, request, lost)
+            .bounded(
+                what,
+                self.inner.request_timeout,
+                || request(self.client()),
+                lost,
+            )
             .await
     }
 
     async fn txn(&self, what: &str, txn: etcd_client::Txn) -> Result<TxnResponse> {
-        let mut c = self.client();
-        self.call(what, c.txn(txn)).await
+        self.call(what, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
     }
 
     /// Grants a lease of exactly `ttl`; returns its id and when the grant was sent.
     async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Instant)> {
         let secs = ttl.as_secs() as i64;
-        let mut c = self.client();
         let sent = Instant::now();
-        let resp = self.call("lease grant", c.lease_grant(secs, None)).await?;
+        let resp = self
+            .call("lease grant", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?;
         if resp.ttl() != secs {
             // etcd raises a TTL below its minimum (1.5 × election timeout) silently.
             self.revoke_quietly(resp.id()).await;
@@ -330,15 +350,16 @@ impl EtcdBackend {
     }
 
     async fn revoke_quietly(&self, lease_id: i64) {
-        let mut c = self.client();
-        if let Err(e) = self.call("lease revoke", c.lease_revoke(lease_id)).await {
+        let revoked = self.call("lease revoke", |mut c| async move {
+            c.lease_revoke(lease_id).await
+        });
+        if let Err(e) = revoked.await {
             tracing::debug!(backend = "etcd", error = %e, "lease revoke failed; its TTL ends it");
         }
     }
 
     async fn keep_alive(&self, key: &LockKey, lease_id: i64) -> Result<()> {
-        let mut c = self.client();
-        self.call_lease(key, "lease keep-alive", async move {
+        self.call_lease(key, "lease keep-alive", |mut c| async move {
             c.lease_keep_alive(lease_id).await.map(|_| ())
         })
         .await
@@ -346,9 +367,10 @@ impl EtcdBackend {
 
     /// The holder's remaining TTL, in whole seconds rounded down (all etcd tells).
     async fn remaining(&self, lease_id: i64) -> Option<Duration> {
-        let mut c = self.client();
         let resp = self
-            .call("lease time-to-live", c.lease_time_to_live(lease_id, None))
+            .call("lease time-to-live", |mut c| async move {
+                c.lease_time_to_live(lease_id, None).await
+            })
             .await
             .ok()?;
         (resp.ttl() > 0).then(|| Duration::from_secs(resp.ttl() as u64))
@@ -405,24 +427,24 @@ impl EtcdBackend {
         let not_held = || Error::lost(lease.key().as_str(), LostReason::NotHeld);
         let revision = i64::try_from(lease.fencing_token().get()).map_err(|_| not_held())?;
         let queue = self.queue(lease.key());
-        let mut c = self.client();
         let resp = self
-            .call(
-                "find entry",
-                c.get(queue.prefix(), Some(queue.created_at(revision))),
-            )
+            .call("find entry", |mut c| {
+                let queue = queue.clone();
+                async move {
+                    c.get(queue.prefix(), Some(queue.created_at(revision)))
+                        .await
+                }
+            })
             .await?;
         let kv = resp.kvs().first().ok_or_else(not_held)?;
         if kv.value() != lease.owner().to_hex().as_bytes() {
             return Err(not_held());
         }
-        let mut c = self.client();
+        let lease_id = kv.lease();
         let ttl = self
-            .call_lease(
-                lease.key(),
-                "lease time-to-live",
-                c.lease_time_to_live(kv.lease(), None),
-            )
+            .call_lease(lease.key(), "lease time-to-live", |mut c| async move {
+                c.lease_time_to_live(lease_id, None).await
+            })
             .await?;
         Ok(Located {
             entry: kv.key().to_vec(),
@@ -663,10 +685,12 @@ impl LockBackend for EtcdBackend {
         let owner_hex = lease.owner().to_hex();
         let secs = ttl.as_secs() as i64;
         if secs == located.ttl_secs {
-            let mut c = self.client();
             let (alive, mine) = tokio::join!(
                 self.keep_alive(key, located.lease_id),
-                self.call("get entry", c.get(located.entry.clone(), None))
+                self.call("get entry", |mut c| {
+                    let entry = located.entry.clone();
+                    async move { c.get(entry, None).await }
+                })
             );
             alive?;
             let mine = mine?;
@@ -749,8 +773,11 @@ impl LockBackend for EtcdBackend {
                 }
                 sleep(lock_core::Backoff::default().delay(tries)).await;
                 tries = tries.saturating_add(1);
-                let mut c = backend.client();
-                if let Ok(resp) = backend.call("get entry", c.get(entry.clone(), None)).await {
+                let read = backend.call("get entry", |mut c| {
+                    let entry = entry.clone();
+                    async move { c.get(entry, None).await }
+                });
+                if let Ok(resp) = read.await {
                     match resp.kvs().first() {
                         Some(kv) if kv.create_revision() == revision => {
                             from = resp.header().map(|h| h.revision() + 1).unwrap_or(from);
