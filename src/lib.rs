@@ -2,6 +2,8 @@
 
 pub use lock_core::*;
 
+pub mod config;
+
 #[cfg(feature = "etcd")]
 pub use lock_etcd as etcd;
 #[cfg(feature = "postgres")]
@@ -15,13 +17,13 @@ pub use lock_redlock as redlock;
 /// whether this build has that feature.
 const SCHEMES: &[(&str, &str, bool)] = &[
     ("memory", "(always on)", true),
-    ("redis", "redis", false),
-    ("rediss", "redis", false),
-    ("redis+cluster", "redis", false),
-    ("redlock", "redlock", false),
-    ("etcd", "etcd", false),
-    ("postgres", "postgres", false),
-    ("postgresql", "postgres", false),
+    ("redis", "redis", cfg!(feature = "redis")),
+    ("rediss", "redis", cfg!(feature = "redis")),
+    ("redis+cluster", "redis", cfg!(feature = "redis")),
+    ("redlock", "redlock", cfg!(feature = "redlock")),
+    ("etcd", "etcd", cfg!(feature = "etcd")),
+    ("postgres", "postgres", cfg!(feature = "postgres")),
+    ("postgresql", "postgres", cfg!(feature = "postgres")),
 ];
 
 /// The URL schemes this build can connect to.
@@ -38,6 +40,10 @@ pub fn available_schemes() -> Vec<&'static str> {
 /// | scheme | backend | cargo feature |
 /// |---|---|---|
 /// | `memory://` | in-process ([`MemoryBackend`]); each call makes a new, empty lock space | always |
+/// | `redis://host:6379/0`, `redis+cluster://h1,h2,h3` | one Redis server, or a Redis Cluster (`lock_redis`); `rediss://` is refused (no TLS yet) | `redis` |
+/// | `etcd://h1:2379,h2:2379,h3:2379` | etcd leases and transactions, revision fencing, FIFO waiting by watch | `etcd` |
+/// | `redlock://h1:6379,h2:6379,h3:6379` | Redlock over N independent Redis masters (`lock_redlock`) | `redlock` |
+/// | `postgres://user@host/db`, `postgresql://` | a row lock held in an open PostgreSQL transaction (`lock_postgres`) | `postgres` |
 ///
 /// An unknown scheme, or one whose cargo feature is off in this build, is
 /// refused with an error that lists the schemes available.
@@ -55,6 +61,14 @@ pub async fn connect(url: &str) -> Result<Locker> {
     let scheme = scheme.to_ascii_lowercase();
     match scheme.as_str() {
         "memory" => Ok(Locker::new(MemoryBackend::new())),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+cluster" => Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?)),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(url).await?)),
+        #[cfg(feature = "redlock")]
+        "redlock" => Ok(Locker::new(lock_redlock::RedlockBackend::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Locker::new(lock_postgres::PostgresBackend::connect(url).await?)),
         other => Err(unavailable_scheme(other, &redacted)),
     }
 }
