@@ -16,6 +16,9 @@
 //!   Tokens track the clock because a script runs for well over a
 //!   microsecond, so no key is granted more than once per microsecond.
 //!
+//! Scripts call `TIME` before writing, which needs Redis 5 or newer (effect
+//! replication of scripts).
+//!
 //! The counter therefore only has to live until the server's clock passes
 //! its value; it is kept for that long plus the lock's TTL plus one second,
 //! and never leaks. Values are below 2^53 (Lua numbers are doubles) until
@@ -33,18 +36,15 @@ use redis::{ErrorKind, RedisError, RedisResult, Script};
 /// Returns `{1, fencing token}` when granted, `{0, remaining TTL in ms}` when held
 /// (`-1`: the key has no TTL).
 pub const ACQUIRE_LUA: &str = r#"
-if redis.replicate_commands then redis.replicate_commands() end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local counter = redis.call('GET', KEYS[2])
-local token = tonumber(counter or '0') + 1
-if token < now and not (counter and ARGV[3] == 'counter-first') then token = now end
+local now = t[1] * 1000000 + t[2]
+local token = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
+if token < now then token = now end
 -- Kept until the clock passes the token (then the clock alone is enough), plus the TTL.
-local keep = math.floor((token - now) / 1000) + tonumber(ARGV[2]) + 1000
-redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', keep)
+redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', math.floor((token - now) / 1000) + ARGV[2] + 1000)
 return {1, token}
 "#;
 
@@ -72,7 +72,6 @@ return 0
 /// `KEYS[1]` counter; `ARGV[1]` value, `ARGV[2]` TTL in ms.
 /// Sets the counter to `max(counter, value)` and returns the counter.
 pub const WRITE_BACK_LUA: &str = r#"
-if redis.replicate_commands then redis.replicate_commands() end
 local value = tonumber(ARGV[1])
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if value <= current then return current end
