@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, TxnResponse};
 use lock_core::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, LockBackend,
-    LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp, async_trait,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, HeldLock, Lease,
+    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
+    async_trait,
 };
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
@@ -751,6 +752,59 @@ impl LockBackend for EtcdBackend {
             Ok(())
         } else {
             Err(Error::lost(lease.key().as_str(), LostReason::NotHeld))
+        }
+    }
+
+    async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let namespace = self.inner.prefix.clone();
+        let resp = self
+            .call("list locks", |mut c| {
+                let namespace = namespace.clone();
+                async move {
+                    c.get(
+                        namespace,
+                        Some(GetOptions::new().with_prefix().with_keys_only()),
+                    )
+                    .await
+                }
+            })
+            .await?;
+        // The head of each queue: its lowest create revision.
+        let mut heads: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
+        for kv in resp.kvs() {
+            let Some(key) = queue::lock_key(&kv.key()[namespace.len()..]) else {
+                continue;
+            };
+            if !key.starts_with(prefix) {
+                continue;
+            }
+            let head = heads
+                .entry(key)
+                .or_insert((kv.create_revision(), kv.lease()));
+            if kv.create_revision() < head.0 {
+                *head = (kv.create_revision(), kv.lease());
+            }
+        }
+        let mut held = Vec::with_capacity(heads.len());
+        for (key, (revision, lease_id)) in heads {
+            let lock = HeldLock::new(key).with_fencing_token(FencingToken::new(revision as u64));
+            held.push(match self.remaining(lease_id).await {
+                Some(remaining) => lock.with_remaining(remaining),
+                None => lock,
+            });
+        }
+        Ok(held)
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        match self.holder(key.as_str()).await? {
+            Some(holder) => match self.revoke_lease(holder.lease_id).await {
+                Ok(()) => Ok(true),
+                // Expired or released meanwhile: nothing was held any more.
+                Err(Error::Backend { .. }) => Ok(false),
+                Err(e) => Err(e),
+            },
+            None => Ok(false),
         }
     }
 

@@ -116,6 +116,18 @@ impl Queue {
     }
 }
 
+/// The lock key of an entry, given the entry's key without the namespace
+/// (`{len}/{key}/{16 hex digits}`); `None` for keys of another layout.
+pub(crate) fn lock_key(entry: &[u8]) -> Option<String> {
+    let slash = entry.iter().position(|&b| b == b'/')?;
+    let len: usize = std::str::from_utf8(&entry[..slash]).ok()?.parse().ok()?;
+    let rest = &entry[slash + 1..];
+    if rest.len() != len + 17 || rest[len] != b'/' {
+        return None;
+    }
+    String::from_utf8(rest[..len].to_vec()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +144,11 @@ mod tests {
         let tricky = Queue::new("lockkit/", &key("a/00000000000000ff"));
         assert!(!tricky.prefix().starts_with(a.prefix()));
         assert!(!a.entry(1).starts_with(tricky.prefix()));
+        let entry = tricky.entry(7);
+        assert_eq!(
+            lock_key(&entry[b"lockkit/".len()..]).as_deref(),
+            Some("a/00000000000000ff")
+        );
+        assert_eq!(lock_key(b"2/a/0000000000000007"), None);
     }
 }
