@@ -4,7 +4,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lock_core::{Error, Result, url::redact};
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::sql::Names;
 
@@ -105,6 +105,13 @@ impl PostgresOptions {
         let connect = PgConnectOptions::from_str(parsed.as_str())
             .map_err(|e| bad(format!("rejected by the driver: {e}")))?;
 
+        let needs_tls = !matches!(
+            connect.get_ssl_mode(),
+            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer
+        );
+        if needs_tls && !cfg!(feature = "tls") {
+            return Err(bad("this sslmode needs TLS, which lock-postgres was built without (cargo feature `tls`)".into()));
+        }
         let number = |name: &str| -> Result<Option<u64>> {
             own(name)
                 .map(|v| {
@@ -231,6 +238,8 @@ mod tests {
             ("postgres://u:pw@h/db?table=locks;drop", "plain identifier"),
             ("postgres://u:pw@h/db?create_schema=maybe", "true or false"),
             ("mysql://u:pw@h/db", "scheme"),
+            #[cfg(not(feature = "tls"))]
+            ("postgres://u:pw@h/db?sslmode=require", "feature `tls`"),
         ] {
             let err = PostgresOptions::from_url(url).unwrap_err().to_string();
             assert!(err.contains(expect) && !err.contains("pw@"), "{url}: {err}");
