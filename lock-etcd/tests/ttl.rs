@@ -1,0 +1,62 @@
+//! TTLs etcd cannot honour exactly are refused, never shortened or raised
+//! behind the caller's back (on the shared cluster, default election timeout).
+
+use std::time::Duration;
+
+use conformance_tests::server_url;
+use lock_core::{Error, Locker};
+use lock_etcd::EtcdBackend;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_below_the_clusters_minimum_is_refused_and_leaves_nothing_held() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    let key = format!(
+        "ttl-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    // Declared minimum (2 s by default): refused before any request.
+    let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
+    let err = locker
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("at least 2s"), "{err}");
+    let err = locker
+        .try_acquire(&key, Duration::from_millis(2500))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("whole multiples of 1s"), "{err}");
+
+    // A declared minimum below the cluster's: etcd would raise the TTL, so the grant is refused.
+    let backend = EtcdBackend::connect(&format!("{url}?min_ttl_s=1"))
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend.clone());
+    match locker.try_acquire(&key, Duration::from_secs(1)).await {
+        Err(Error::InvalidInput {
+            field: "ttl",
+            problem,
+        }) => {
+            assert!(
+                problem.contains("at least 2s") && problem.contains("min_ttl_s"),
+                "{problem}"
+            )
+        }
+        other => panic!("expected the raised TTL to be refused, got {other:?}"),
+    }
+    assert_eq!(
+        backend.queue_len(&key).await.expect("queue length"),
+        0,
+        "nothing left behind"
+    );
+    let lease = locker
+        .try_acquire(&key, Duration::from_secs(2))
+        .await
+        .expect("2 s is honoured");
+    locker.release(lease).await.expect("release");
+}
