@@ -62,13 +62,19 @@ pub async fn connect(url: &str) -> Result<Locker> {
     match scheme.as_str() {
         "memory" => Ok(Locker::new(MemoryBackend::new())),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" => Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?)),
+        "redis" | "rediss" | "redis+cluster" => {
+            Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?))
+        }
         #[cfg(feature = "etcd")]
         "etcd" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(url).await?)),
         #[cfg(feature = "redlock")]
-        "redlock" => Ok(Locker::new(lock_redlock::RedlockBackend::connect(url).await?)),
+        "redlock" => Ok(Locker::new(
+            lock_redlock::RedlockBackend::connect(url).await?,
+        )),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Locker::new(lock_postgres::PostgresBackend::connect(url).await?)),
+        "postgres" | "postgresql" => Ok(Locker::new(
+            lock_postgres::PostgresBackend::connect(url).await?,
+        )),
         other => Err(unavailable_scheme(other, &redacted)),
     }
 }

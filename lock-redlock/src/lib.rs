@@ -264,7 +264,9 @@ impl LockBackend for RedlockBackend {
         let answers = self
             .inner
             .nodes
-            .ask_all(|mut c| async move { scripts::acquire_for_quorum(&mut c, keys, owner, ttl).await })
+            .ask_all(
+                |mut c| async move { scripts::acquire_for_quorum(&mut c, keys, owner, ttl).await },
+            )
             .await;
         let tally = Tally::new(
             answers
