@@ -116,6 +116,7 @@ impl EtcdCluster {
                             cwd: dir.path().to_path_buf(),
                             log: dir.path().join(format!("{name}.log")),
                             user: None,
+                            env: Vec::new(),
                         }),
                         name,
                         client_port,

@@ -95,6 +95,7 @@ impl Postgres {
                 cwd: dir.path().to_path_buf(),
                 log: dir.path().join("postgres.log"),
                 user,
+                env: Vec::new(),
             });
             process.spawn()?;
             process.wait_ready("accepting connections", || {
@@ -176,6 +177,33 @@ impl Postgres {
             }
         }
         self.process.kill()
+    }
+
+    /// SIGSTOP to the postmaster and every backend: the server keeps its
+    /// connections open but answers nothing until [`resume`](Self::resume).
+    pub fn pause(&self) -> io::Result<()> {
+        let pid = self
+            .process
+            .pid()
+            .ok_or_else(|| io::Error::other("postgres is not running"))?;
+        // The postmaster first, so it cannot fork a new backend meanwhile.
+        signal::kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).map_err(io::Error::from)?;
+        for child in children_of(pid) {
+            let _ = signal::kill(Pid::from_raw(child), Signal::SIGSTOP);
+        }
+        Ok(())
+    }
+
+    /// SIGCONT to every backend and the postmaster: undoes [`pause`](Self::pause).
+    pub fn resume(&self) -> io::Result<()> {
+        let pid = self
+            .process
+            .pid()
+            .ok_or_else(|| io::Error::other("postgres is not running"))?;
+        for child in children_of(pid) {
+            let _ = signal::kill(Pid::from_raw(child), Signal::SIGCONT);
+        }
+        signal::kill(Pid::from_raw(pid as i32), Signal::SIGCONT).map_err(io::Error::from)
     }
 
     /// Kills the server if it runs (see [`kill`](Self::kill)), starts it

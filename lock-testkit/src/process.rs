@@ -81,6 +81,8 @@ pub(crate) struct Spec {
     pub log: PathBuf,
     /// Run as this uid/gid (PostgreSQL refuses to run as root).
     pub user: Option<(u32, u32)>,
+    /// Extra environment variables (the rest is inherited).
+    pub env: Vec<(String, String)>,
 }
 
 /// A server process that can be started again with the same command.
@@ -115,6 +117,7 @@ impl Process {
             .open(&self.spec.log)?;
         let mut cmd = Command::new(&self.spec.program);
         cmd.args(&self.spec.args)
+            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.spec.cwd)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -298,6 +301,29 @@ mod tests {
         let b = free_port().unwrap();
         assert_ne!(a, b);
         TcpListener::bind(("127.0.0.1", a)).unwrap();
+    }
+
+    #[test]
+    fn env_reaches_the_process_on_every_spawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let process = Process::new(Spec {
+            name: "sh".into(),
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("echo \"$PROBE\" >> {}", out.display()).into(),
+            ],
+            cwd: dir.path().to_path_buf(),
+            log: dir.path().join("log"),
+            user: None,
+            env: vec![("PROBE".into(), "on".into())],
+        });
+        for _ in 0..2 {
+            process.spawn().unwrap();
+            process.wait_ready("done", || false).ok();
+        }
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "on\non\n");
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct RedisOptions {
     /// More `redis-server` arguments, appended last (so they win), e.g.
     /// `["--maxmemory", "10mb"]`.
     pub extra_args: Vec<String>,
+    /// Environment variables for the `redis-server` process, on top of the
+    /// inherited ones (e.g. `LD_PRELOAD` and `FAKETIME_*` to run it under
+    /// libfaketime). They apply to every restart too.
+    pub env: Vec<(String, String)>,
 }
 
 /// A private `redis-server` on a free loopback port with its own temp dir.
@@ -76,6 +80,7 @@ impl RedisServer {
                 cwd: dir.path().to_path_buf(),
                 log: dir.path().join("redis.log"),
                 user: None,
+                env: options.env.clone(),
             });
             let server = RedisServer { port, process, dir };
             server.process.spawn()?;

@@ -84,6 +84,7 @@ fn extra_args_are_passed_to_the_server() -> io::Result<()> {
     let redis = RedisServer::start_with(RedisOptions {
         persistence: false,
         extra_args: vec!["--maxmemory".into(), "10mb".into()],
+        ..Default::default()
     })?;
     assert_eq!(
         redis.cli(&["CONFIG", "GET", "maxmemory"])?,
@@ -97,6 +98,7 @@ fn a_failing_start_reports_the_log_tail() {
     let err = RedisServer::start_with(RedisOptions {
         persistence: false,
         extra_args: vec!["--no-such-directive".into(), "1".into()],
+        ..Default::default()
     })
     .unwrap_err();
     let msg = err.to_string();
