@@ -1,0 +1,435 @@
+//! The fault catalogue, what the literature predicts for each backend, and
+//! the smoke and full schedules.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The backends under test (each on private servers of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// One Redis server.
+    Redis,
+    /// Redlock over five Redis masters.
+    Redlock,
+    /// A three-member etcd cluster.
+    Etcd,
+    /// One PostgreSQL server.
+    Postgres,
+}
+
+impl Backend {
+    /// All of them, in matrix column order.
+    pub const ALL: [Backend; 4] = [
+        Backend::Redis,
+        Backend::Redlock,
+        Backend::Etcd,
+        Backend::Postgres,
+    ];
+
+    /// Column title.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Redis => "redis",
+            Backend::Redlock => "redlock (5)",
+            Backend::Etcd => "etcd (3)",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which servers of a deployment a fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Nodes {
+    /// One server (the only one, for single-server backends).
+    One,
+    /// A minority: 2 of Redlock's 5.
+    Minority,
+    /// A majority: 3 of Redlock's 5.
+    Majority,
+}
+
+impl Nodes {
+    /// How many of `n` servers.
+    pub fn count(self, n: usize) -> usize {
+        match self {
+            Nodes::One => 1,
+            Nodes::Minority => (n - 1) / 2,
+            Nodes::Majority => n / 2 + 1,
+        }
+        .min(n)
+    }
+}
+
+/// What the harness does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Action {
+    /// SIGSTOP a client in the middle of its read-modify-write for
+    /// `ttls` TTLs, then SIGCONT: it resumes and writes.
+    HolderPause,
+    /// SIGKILL a client in the middle of its read-modify-write.
+    HolderKill,
+    /// SIGKILL servers, wait, start them again (same port and directory).
+    ServerRestart {
+        /// Servers run with persistence (Redis: AOF, fsync always).
+        persistence: bool,
+        /// Down for longer than the TTL before the restart.
+        late: bool,
+        /// Which servers.
+        nodes: Nodes,
+    },
+    /// SIGSTOP servers for 1.5 TTL, then SIGCONT.
+    ServerPause {
+        /// Which servers.
+        nodes: Nodes,
+    },
+    /// Every byte between clients and servers delayed by TTL/4, for 2 TTLs.
+    NetDelay,
+    /// Nothing passes between clients and servers for 1.5 TTL.
+    NetBlackhole,
+    /// The servers' wall clock jumps forward by 5 TTLs (libfaketime).
+    ClockJump {
+        /// Which servers.
+        nodes: Nodes,
+    },
+    /// SIGKILL one etcd member (the leader, or a follower), restart it
+    /// after 1.5 TTL.
+    MemberKill {
+        /// The leader, or a follower.
+        leader: bool,
+    },
+}
+
+/// A fault of the catalogue.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fault {
+    /// Short id (matrix row).
+    pub id: &'static str,
+    /// What happens, in words.
+    pub what: &'static str,
+    /// What the harness does.
+    pub action: Action,
+}
+
+/// What the literature predicts for a backend under a fault.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Prediction {
+    /// No two "definitely held" intervals overlap.
+    pub mutex: bool,
+    /// The unfenced counter loses no update (false when a holder may write
+    /// after its deadline, or mutual exclusion may break).
+    pub unfenced: bool,
+    /// The fenced store accepts no stale write, tokens never regress and the
+    /// fenced counter loses no update.
+    pub fenced: bool,
+    /// Why, in a few words.
+    pub why: &'static str,
+}
+
+impl Prediction {
+    /// The literature's verdict, as the matrix marks it.
+    pub fn label(&self) -> &'static str {
+        match (self.mutex && self.unfenced, self.fenced) {
+            (true, true) => "safe",
+            (false, true) => "unsafe without fencing, safe with it",
+            (_, false) => "unsafe",
+        }
+    }
+}
+
+const fn safe(why: &'static str) -> Prediction {
+    Prediction {
+        mutex: true,
+        unfenced: true,
+        fenced: true,
+        why,
+    }
+}
+
+const fn needs_fencing(mutex: bool, why: &'static str) -> Prediction {
+    Prediction {
+        mutex,
+        unfenced: false,
+        fenced: true,
+        why,
+    }
+}
+
+/// The faults, in matrix row order.
+pub const FAULTS: &[Fault] = &[
+    Fault {
+        id: "holder-pause",
+        what: "holder SIGSTOPped mid read-modify-write for 2.5 TTL, then resumed (it writes)",
+        action: Action::HolderPause,
+    },
+    Fault {
+        id: "holder-kill",
+        what: "holder SIGKILLed mid read-modify-write",
+        action: Action::HolderKill,
+    },
+    Fault {
+        id: "restart-now",
+        what: "server(s) SIGKILLed and restarted at once, no persistence",
+        action: Action::ServerRestart {
+            persistence: false,
+            late: false,
+            nodes: Nodes::One,
+        },
+    },
+    Fault {
+        id: "restart-now-persistent",
+        what: "server SIGKILLed and restarted at once, with persistence (Redis AOF fsync always; PostgreSQL always)",
+        action: Action::ServerRestart {
+            persistence: true,
+            late: false,
+            nodes: Nodes::One,
+        },
+    },
+    Fault {
+        id: "restart-late",
+        what: "server(s) SIGKILLed, restarted after 1.5 TTL, no persistence",
+        action: Action::ServerRestart {
+            persistence: false,
+            late: true,
+            nodes: Nodes::One,
+        },
+    },
+    Fault {
+        id: "restart-majority-now",
+        what: "3 of 5 nodes SIGKILLed and restarted at once, no persistence",
+        action: Action::ServerRestart {
+            persistence: false,
+            late: false,
+            nodes: Nodes::Majority,
+        },
+    },
+    Fault {
+        id: "server-pause",
+        what: "server SIGSTOPped for 1.5 TTL",
+        action: Action::ServerPause { nodes: Nodes::One },
+    },
+    Fault {
+        id: "pause-minority",
+        what: "2 of 5 nodes SIGSTOPped for 1.5 TTL",
+        action: Action::ServerPause {
+            nodes: Nodes::Minority,
+        },
+    },
+    Fault {
+        id: "pause-majority",
+        what: "3 of 5 nodes SIGSTOPped for 1.5 TTL",
+        action: Action::ServerPause {
+            nodes: Nodes::Majority,
+        },
+    },
+    Fault {
+        id: "member-kill",
+        what: "an etcd follower SIGKILLed, restarted after 1.5 TTL",
+        action: Action::MemberKill { leader: false },
+    },
+    Fault {
+        id: "leader-kill",
+        what: "the etcd leader SIGKILLed, restarted after 1.5 TTL",
+        action: Action::MemberKill { leader: true },
+    },
+    Fault {
+        id: "net-delay",
+        what: "proxy delays every byte by TTL/4 each way, for 2 TTL",
+        action: Action::NetDelay,
+    },
+    Fault {
+        id: "net-blackhole",
+        what: "proxy passes nothing for 1.5 TTL",
+        action: Action::NetBlackhole,
+    },
+    Fault {
+        id: "clock-jump",
+        what: "server wall clock jumps 5 TTL forward (libfaketime)",
+        action: Action::ClockJump { nodes: Nodes::One },
+    },
+    Fault {
+        id: "clock-jump-majority",
+        what: "wall clocks of 3 of 5 nodes jump 5 TTL forward (libfaketime)",
+        action: Action::ClockJump {
+            nodes: Nodes::Majority,
+        },
+    },
+];
+
+/// The prediction for `backend` under `fault`, or `None` when the fault
+/// does not apply to the backend.
+pub fn predict(backend: Backend, fault: &Fault) -> Option<Prediction> {
+    use Action::*;
+    use Backend::*;
+    Some(match (fault.action, backend) {
+        (HolderPause, _) => needs_fencing(
+            true,
+            "a paused holder outlives its lease and writes late (Kleppmann): only a fenced resource refuses it",
+        ),
+        (HolderKill, Postgres) => {
+            safe("the dead connection ends the transaction: the row is free at once")
+        }
+        (HolderKill, _) => safe("the grant expires after its TTL"),
+        (
+            ServerRestart {
+                persistence: false,
+                late: false,
+                nodes: Nodes::One,
+            },
+            Redis,
+        ) => needs_fencing(
+            false,
+            "the restarted server forgot the grant; tokens are re-seeded from its clock, so they still increase",
+        ),
+        (
+            ServerRestart {
+                persistence: false,
+                late: false,
+                nodes: Nodes::One,
+            },
+            Redlock,
+        ) => needs_fencing(
+            false,
+            "a node restarted empty can join a second majority (Redlock asks for delayed restarts); counters re-seed from the clock",
+        ),
+        (
+            ServerRestart {
+                persistence: true,
+                late: false,
+                nodes: Nodes::One,
+            },
+            Redis,
+        ) => safe("AOF with fsync always keeps the grant and the counter"),
+        (
+            ServerRestart {
+                persistence: true,
+                late: false,
+                nodes: Nodes::One,
+            },
+            Postgres,
+        ) => needs_fencing(
+            false,
+            "the crash ends every lock transaction while holders' deadlines still run; the sequence survives (WAL)",
+        ),
+        (
+            ServerRestart {
+                persistence: false,
+                late: true,
+                nodes: Nodes::One,
+            },
+            Redis | Redlock,
+        ) => safe("every grant had expired before the restart (a delayed restart)"),
+        (
+            ServerRestart {
+                persistence: false,
+                late: false,
+                nodes: Nodes::Majority,
+            },
+            Redlock,
+        ) => needs_fencing(
+            false,
+            "a majority restarted empty forgets the grant; counters re-seed from node clocks",
+        ),
+        (ServerPause { nodes: Nodes::One }, Redis | Postgres) => {
+            safe("nothing is granted while paused; the holder's deadline passes first")
+        }
+        (
+            ServerPause {
+                nodes: Nodes::Minority,
+            },
+            Redlock,
+        ) => safe("a majority still answers"),
+        (
+            ServerPause {
+                nodes: Nodes::Majority,
+            },
+            Redlock,
+        ) => safe("no majority: unavailable, never doubly granted"),
+        (MemberKill { .. }, Etcd) => safe("Raft: the lease and the grant survive on the majority"),
+        (NetDelay | NetBlackhole, _) => {
+            safe("deadlines count from the send time; slow replies only shorten the validity")
+        }
+        (ClockJump { nodes: Nodes::One }, Redis) => needs_fencing(
+            false,
+            "the grant expires early on the server's clock; tokens follow the clock forward",
+        ),
+        (ClockJump { nodes: Nodes::One }, Redlock) => {
+            safe("one node of five: the others keep the majority")
+        }
+        (
+            ClockJump {
+                nodes: Nodes::Majority,
+            },
+            Redlock,
+        ) => needs_fencing(
+            false,
+            "a majority of nodes expires the grant early (bounded drift violated)",
+        ),
+        _ => return None,
+    })
+}
+
+/// How long the fault lasts (until healed) for a TTL.
+pub fn duration(action: Action, ttl: Duration) -> Duration {
+    match action {
+        Action::HolderPause => ttl * 5 / 2,
+        Action::HolderKill | Action::ClockJump { .. } => Duration::ZERO,
+        Action::ServerRestart { late: true, .. } => ttl * 3 / 2,
+        Action::ServerRestart { late: false, .. } => Duration::ZERO,
+        Action::ServerPause { .. } | Action::NetBlackhole | Action::MemberKill { .. } => {
+            ttl * 3 / 2
+        }
+        Action::NetDelay => ttl * 2,
+    }
+}
+
+/// A scheduled cell: one backend under one fault.
+#[derive(Debug, Clone, Copy)]
+pub struct Cell {
+    /// Backend.
+    pub backend: Backend,
+    /// Fault.
+    pub fault: &'static Fault,
+    /// Prediction.
+    pub prediction: Prediction,
+}
+
+/// Every applicable (backend, fault) pair, or the smoke subset.
+pub fn schedule(smoke: bool) -> Vec<Cell> {
+    const SMOKE: &[(&str, Backend)] = &[
+        ("holder-pause", Backend::Redis),
+        ("restart-now", Backend::Redis),
+        ("clock-jump", Backend::Redis),
+        ("pause-majority", Backend::Redlock),
+        ("holder-pause", Backend::Etcd),
+        ("leader-kill", Backend::Etcd),
+        ("holder-kill", Backend::Postgres),
+        ("net-blackhole", Backend::Postgres),
+    ];
+    let mut cells = Vec::new();
+    for fault in FAULTS {
+        for backend in Backend::ALL {
+            if smoke && !SMOKE.contains(&(fault.id, backend)) {
+                continue;
+            }
+            if let Some(prediction) = predict(backend, fault) {
+                cells.push(Cell {
+                    backend,
+                    fault,
+                    prediction,
+                });
+            }
+        }
+    }
+    cells
+}
