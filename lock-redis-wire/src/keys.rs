@@ -80,11 +80,23 @@ impl KeyLayout {
 
     /// The Redis names of the lock `key`.
     pub fn keys(&self, key: &str) -> LockKeys {
-        let base = format!("{}{{{}}}", self.prefix, escape(key));
+        // Built with push_str, not format!: this runs on every operation.
+        let escaped = escape(key);
+        let mut lock = String::with_capacity(self.prefix.len() + escaped.len() + 2);
+        lock.push_str(&self.prefix);
+        lock.push('{');
+        lock.push_str(&escaped);
+        lock.push('}');
+        let with_suffix = |suffix: &str| {
+            let mut name = String::with_capacity(lock.len() + suffix.len());
+            name.push_str(&lock);
+            name.push_str(suffix);
+            name
+        };
         LockKeys {
-            counter: format!("{base}{COUNTER_SUFFIX}"),
-            channel: format!("{base}{CHANNEL_SUFFIX}"),
-            lock: base,
+            counter: with_suffix(COUNTER_SUFFIX),
+            channel: with_suffix(CHANNEL_SUFFIX),
+            lock,
         }
     }
 
@@ -126,11 +138,11 @@ impl KeyLayout {
     }
 }
 
-fn escape(key: &str) -> String {
+fn escape(key: &str) -> std::borrow::Cow<'_, str> {
     if !key.contains(['%', '}']) {
-        return key.to_owned();
+        return std::borrow::Cow::Borrowed(key);
     }
-    key.replace('%', "%25").replace('}', "%7D")
+    std::borrow::Cow::Owned(key.replace('%', "%25").replace('}', "%7D"))
 }
 
 fn unescape(tag: &str) -> Option<String> {

@@ -16,8 +16,9 @@
 //!   Tokens track the clock because a script runs for well over a
 //!   microsecond, so no key is granted more than once per microsecond.
 //!
-//! Scripts call `TIME` before writing, which needs Redis 5 or newer (effect
-//! replication of scripts).
+//! Scripts call `TIME` before writing (effect replication of scripts, Redis
+//! 5) and read the old counter with `SET ... GET` (Redis 6.2): they need
+//! Redis 6.2 or newer.
 //!
 //! The counter therefore only has to live until the server's clock passes
 //! its value; it is kept for that long plus the lock's TTL plus one second,
@@ -32,20 +33,34 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, Script};
 
 /// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms,
-/// optional `ARGV[3]` = `counter-first` (see [`acquire_for_quorum`]).
-/// Returns `{1, fencing token}` when granted, `{0, remaining TTL in ms}` when held
-/// (`-1`: the key has no TTL).
+/// `ARGV[3]` how long to keep a counter that tracks the clock, in ms,
+/// `ARGV[4]` = `clock-floor` or `counter-first` (see [`acquire_for_quorum`]).
+/// Returns one integer, cheaper to parse than an array: the fencing token
+/// (at least 1) when granted; when held, `-1 - remaining TTL in ms`, or `0`
+/// when the key has no TTL.
+///
+/// On the common path the counter is written once, with `SET ... GET`, which
+/// reads the old value in the same call: the script makes three calls in all.
 pub const ACQUIRE_LUA: &str = r#"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return -1 - redis.call('PTTL', KEYS[1])
+end
+if ARGV[4] == 'counter-first' then
+  local token = redis.call('INCR', KEYS[2])
+  -- 1: there was no counter; seed it from the clock below.
+  if token > 1 then return token end
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local token = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
-if token < now then token = now end
--- Kept until the clock passes the token (then the clock alone is enough), plus the TTL.
-redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', math.floor((token - now) / 1000) + ARGV[2] + 1000)
-return {1, token}
+local old = tonumber(redis.call('SET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6), 'PX', ARGV[3], 'GET'))
+if old and old >= now then
+  -- The counter is ahead of the clock (a write-back, or a grant in the same microsecond): stay above it,
+  -- and keep it until the clock has passed it.
+  local token = old + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3] + math.floor((token - now) / 1000))
+  return token
+end
+return now
 "#;
 
 /// `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]` release channel.
@@ -81,6 +96,9 @@ local keep = math.max(0, math.floor((value - now) / 1000)) + tonumber(ARGV[2]) +
 redis.call('SET', KEYS[1], string.format('%.0f', value), 'PX', keep)
 return value
 "#;
+
+/// A counter that tracks the clock is kept this long beyond the lock's TTL.
+const COUNTER_SLACK_MS: u64 = 1000;
 
 /// The largest counter value the scripts handle exactly (Lua numbers are doubles).
 pub const MAX_COUNTER: u64 = (1 << 53) - 1;
@@ -143,19 +161,21 @@ async fn invoke_acquire<C: ConnectionLike>(
     ttl: Duration,
     mode: &str,
 ) -> RedisResult<AcquireReply> {
-    let (granted, value): (i64, i64) = SCRIPTS
+    let ttl_ms = millis(ttl);
+    let reply: i64 = SCRIPTS
         .acquire
         .key(&keys.lock)
         .key(&keys.counter)
         .arg(owner.to_hex())
-        .arg(millis(ttl))
+        .arg(ttl_ms)
+        .arg(ttl_ms.saturating_add(COUNTER_SLACK_MS))
         .arg(mode)
         .invoke_async(conn)
         .await?;
-    Ok(if granted == 1 {
-        AcquireReply::Granted(FencingToken::new(value as u64))
-    } else {
-        AcquireReply::Contended(u64::try_from(value).ok().map(Duration::from_millis))
+    Ok(match reply {
+        token @ 1.. => AcquireReply::Granted(FencingToken::new(token as u64)),
+        0 => AcquireReply::Contended(None),
+        held => AcquireReply::Contended(Some(Duration::from_millis(held.unsigned_abs() - 1))),
     })
 }
 

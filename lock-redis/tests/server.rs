@@ -268,3 +268,28 @@ async fn the_operator_view_lists_held_locks_and_leaks() {
     assert!(!locker.force_release("jobs/a").await.unwrap());
     assert_eq!(backend.inspect("jobs/").await.unwrap().len(), 1);
 }
+
+/// A counter ahead of the server's clock (restored from a backup taken on a
+/// machine whose clock ran ahead, say) is respected: the next token is above
+/// it, and the counter is kept until the clock has caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_ahead_of_the_clock_is_respected_and_kept() {
+    let server = RedisServer::start().expect("start redis");
+    let locker = Locker::new(connect(&server).await);
+    let lease = locker.try_acquire("ahead", TTL).await.unwrap();
+    let ahead = lease.fencing_token().get() + 3_600_000_000; // an hour of microseconds
+    locker.release(lease).await.unwrap();
+    let counter = "lockkit:{ahead}:fence";
+    server.cli(&["SET", counter, &ahead.to_string()]).unwrap();
+
+    let lease = locker.try_acquire("ahead", TTL).await.unwrap();
+    assert_eq!(lease.fencing_token().get(), ahead + 1);
+    let kept_ms: u64 = server.cli(&["PTTL", counter]).unwrap().parse().unwrap();
+    assert!(
+        kept_ms > 3_500_000,
+        "the counter would expire before the clock passes it: {kept_ms} ms"
+    );
+    locker.release(lease).await.unwrap();
+    let lease = locker.try_acquire("ahead", TTL).await.unwrap();
+    assert_eq!(lease.fencing_token().get(), ahead + 2);
+}
