@@ -159,9 +159,22 @@ pub fn regressions(held: &[Held]) -> (u64, Option<(Held, Held)>) {
 }
 
 /// Checks one run: `fault_at` is when the fault was injected, `end` when
-/// the clients were told to stop (both on the shared clock).
-pub fn check(events: &[Event], stats: &Stats, fault_at: u64, end: u64) -> Findings {
-    let held = held_intervals(events);
+/// the clients were told to stop (both on the shared clock); `deaths` are
+/// clients the harness killed, and when: a dead process holds nothing, so
+/// its interval ends there at the latest.
+pub fn check(
+    events: &[Event],
+    stats: &Stats,
+    fault_at: u64,
+    end: u64,
+    deaths: &[(u32, u64)],
+) -> Findings {
+    let mut held = held_intervals(events);
+    for h in &mut held {
+        if let Some(&(_, died)) = deaths.iter().find(|(c, _)| *c == h.c) {
+            h.end = h.end.min(died).max(h.start);
+        }
+    }
     let (overlap_count, longest, example) = overlaps(&held);
     let (regression_count, regression) = regressions(&held);
     let deadline_of: HashMap<(u32, u64), u64> =
@@ -286,13 +299,21 @@ mod tests {
     }
 
     #[test]
+    fn a_killed_holder_holds_nothing_after_its_death() {
+        let mut h: Vec<Event> = grant(1, 1, 10, 0, 5, 100).into();
+        h.extend(grant(2, 1, 11, 6, 40, 140));
+        assert_eq!(check(&h, &Stats::default(), 0, 200, &[]).overlaps, 1);
+        assert_eq!(check(&h, &Stats::default(), 0, 200, &[(1, 30)]).overlaps, 0);
+    }
+
+    #[test]
     fn unknown_outcomes_and_unavailability_are_counted() {
         let mut h: Vec<Event> = grant(1, 1, 10, 0, 5, 100).into();
         h.push(Event::new(2, 1, Op::Acquire, Kind::Invoke, 10)); // killed mid-call
         h.push(Event::new(3, 1, Op::Acquire, Kind::Invoke, 10));
         h.push(Event::new(3, 1, Op::Acquire, Kind::Info, 30));
         h.extend(grant(1, 2, 11, 300, 1_000_000_300, 2_000_000_000));
-        let f = check(&h, &Stats::default(), 100, 3_000_000_000);
+        let f = check(&h, &Stats::default(), 100, 3_000_000_000, &[]);
         assert_eq!(f.indeterminate, 2);
         assert_eq!(f.grants, 2);
         // From the fault to the next grant (~1 s), then to the end (~2 s).

@@ -189,11 +189,20 @@ async fn spawn_clients(
                 "--ttl-ms",
                 &ttl_ms.to_string(),
                 "--wait-ms",
-                &(3 * ttl_ms).to_string(),
+                // The last client never waits: one attempt, a short random
+                // pause, again (a try-lock user). Waiters sleep on the
+                // holder's remaining TTL or a release message; a fresh
+                // attempt is what finds a lock a server forgot.
+                &if id == settings.clients {
+                    0
+                } else {
+                    3 * ttl_ms
+                }
+                .to_string(),
             ])
             .args([
                 "--work-ms",
-                "50",
+                &(ttl_ms / 5).to_string(),
                 "--think-ms",
                 "20",
                 "--resource",
@@ -287,6 +296,7 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
     sleep(Duration::from_millis(1500 + rng.below(500))).await;
 
     let t0 = now_ns();
+    let mut deaths = Vec::new();
     let (fault_at, heal_at) = match inject(
         &cell,
         &deployment,
@@ -296,6 +306,7 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
         ttl,
         lasts,
         &mut outcome.notes,
+        &mut deaths,
     )
     .await
     {
@@ -330,7 +341,7 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
         }
     }
     let stats = resource.stats();
-    let findings = check(&events, &stats, fault_at, end);
+    let findings = check(&events, &stats, fault_at, end, &deaths);
     if findings.grants == 0 {
         outcome.error.get_or_insert(
             "no grant in the whole run: the workload never ran (see client-*.stderr)".into(),
@@ -356,6 +367,7 @@ async fn inject(
     ttl: Duration,
     lasts: Duration,
     notes: &mut Vec<String>,
+    deaths: &mut Vec<(u32, u64)>,
 ) -> io::Result<(u64, u64)> {
     // Every fault strikes while a client holds the lock mid-update.
     let caught = holder(resource, ttl * 2).await;
@@ -383,6 +395,9 @@ async fn inject(
                 },
             )?;
             let at = now_ns();
+            if !pause {
+                deaths.push((c, at));
+            }
             if pause {
                 sleep(lasts).await;
                 clients.signal(c, Signal::SIGCONT)?;

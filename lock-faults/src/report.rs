@@ -99,7 +99,7 @@ fn mark(o: &Outcome) -> &'static str {
     } else if observed(o) == o.prediction.label() {
         "✓ as predicted"
     } else {
-        "✓ no violation (fault did not bite as hard as predicted)"
+        "✓ no violation (the predicted failure did not occur in this run)"
     }
 }
 
