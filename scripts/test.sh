@@ -27,6 +27,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "tests, every backend"
 cargo test --workspace --all-features
 
+step "fault lab, smoke schedule (fails only on a safety violation predicted impossible, or a harness error)"
+scripts/faults.sh --smoke
+
 step "docs (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 

@@ -81,8 +81,8 @@ pub(crate) async fn attempt<B: LockBackend + ?Sized>(
     Ok(grant)
 }
 
-/// The default waiting strategy: subscribe to release messages, attempt,
-/// and on contention sleep until a message, the backoff delay, the holder's
+/// The default waiting strategy: attempt; on contention subscribe to
+/// release messages, attempt again, and sleep until a message, the backoff delay, the holder's
 /// reported expiry or the end of the wait, whichever comes first.
 ///
 /// An unreachable backend is retried like contention until the wait ends;
@@ -95,9 +95,17 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
     wait: &Waiting,
 ) -> Result<Grant> {
     let mut tries: u32 = 0;
+    let mut subscribed = false;
     loop {
-        // Subscribe first: a release between the attempt and the sleep still wakes us.
-        let wake_up = backend.on_release(key).await;
+        // The first attempt goes out unsubscribed, so an uncontended acquire
+        // pays for no subscription. After a refusal, subscribe and attempt
+        // again at once: a release between an attempt and the sleep then
+        // still wakes us.
+        let wake_up = if subscribed {
+            backend.on_release(key).await
+        } else {
+            None
+        };
         let (hint, last_error) = match attempt(backend, key, owner, ttl).await {
             Ok(grant) => return Ok(grant),
             Err(Error::Contended { remaining, .. }) => (remaining, None),
@@ -107,6 +115,10 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
         let now = Instant::now();
         if now >= wait.until {
             return Err(last_error.unwrap_or_else(|| wait.timed_out(key)));
+        }
+        if !subscribed && last_error.is_none() {
+            subscribed = true;
+            continue;
         }
         let mut delay = wait.backoff.delay(tries).min(wait.until - now);
         if let Some(remaining) = hint {
@@ -119,6 +131,7 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
             }
             None => tokio::time::sleep(delay).await,
         }
+        subscribed = true;
         tries = tries.saturating_add(1);
     }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Grant, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
-    WakeUpFuture, async_trait,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
+    async_trait,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -316,33 +316,6 @@ impl LockBackend for RedlockBackend {
             &self.inner.url,
             tally.to_error("acquire", &self.inner.endpoints),
         ))
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        wait: &Waiting,
-    ) -> Result<Grant> {
-        // A first attempt before subscribing: an uncontended acquire then
-        // costs no SUBSCRIBE round trip. The wait loop subscribes and tries
-        // again, so a release between this attempt and the subscription
-        // is still seen.
-        match self.try_acquire(key, owner, ttl).await {
-            Ok(grant) => return Ok(grant),
-            Err(e) if e.is_contended() || e.is_unavailable() => {
-                if Instant::now() >= wait.until {
-                    return Err(if e.is_contended() {
-                        wait.timed_out(key)
-                    } else {
-                        e
-                    });
-                }
-            }
-            Err(e) => return Err(e),
-        }
-        lock_core::wait::poll_until_granted(self, key, owner, ttl, wait).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(feature = "bench")]
+mod bench;
 mod exit;
 mod run;
 mod target;
@@ -99,6 +101,9 @@ enum Cmd {
         #[arg(long)]
         offline: bool,
     },
+    /// Measure every backend against its server's bound and the rslock crate (the lab).
+    #[cfg(feature = "bench")]
+    Bench(bench::BenchArgs),
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -142,6 +147,10 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
+    #[cfg(feature = "bench")]
+    if let Cmd::Bench(args) = &cli.command {
+        return bench::run(args).await;
+    }
     if let Cmd::CheckConfig { file, offline } = &cli.command {
         return check_config(file, *offline).await;
     }
@@ -224,6 +233,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
             }
         }
         Cmd::CheckConfig { .. } => unreachable!("handled above"),
+        #[cfg(feature = "bench")]
+        Cmd::Bench(_) => unreachable!("handled above"),
     }
 }
 
