@@ -1,0 +1,582 @@
+#![doc = include_str!("../README.md")]
+
+mod baseline;
+mod counters;
+mod plot;
+mod progress;
+mod report;
+mod scenarios;
+mod stats;
+mod subject;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockkit::{Locker, WakeUp};
+use serde::Serialize;
+
+pub use baseline::{Bound, BoundPoint};
+pub use report::{Goal, Machine, Report, Subject};
+pub use scenarios::{Contended, Loss, ManyKeys, Uncontended};
+pub use stats::Latency;
+
+use counters::Counter;
+use progress::Progress;
+use subject::Client;
+
+/// Counts live heap bytes, for client memory per held lock.
+#[global_allocator]
+static ALLOC: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
+pub(crate) fn allocated() -> usize {
+    ALLOC.allocated()
+}
+
+/// How long and how much each scenario runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Under 2 minutes for every backend: a smoke test, figures are rough.
+    Quick,
+    /// Every concurrency, longer phases, 100,000 keys held at once.
+    Full,
+}
+
+/// What to run and where to write the report.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Quick or full.
+    pub mode: Mode,
+    /// The report folder (created).
+    pub out: PathBuf,
+    /// Subjects to run ([`SUBJECTS`] names); all when `None`.
+    pub only: Option<Vec<String>>,
+}
+
+/// Everything the lab can measure: name and the environment variable with
+/// its server URL (`scripts/servers.sh` writes them to
+/// `target/lockkit-servers/urls.env`). `rslock` is the peer library, over
+/// the single Redis (1 node) and over the Redlock nodes (5 nodes).
+pub const SUBJECTS: &[(&str, &str)] = &[
+    ("memory", ""),
+    ("redis", "LOCKKIT_REDIS_URL"),
+    ("redis-cluster", "LOCKKIT_REDIS_CLUSTER_URL"),
+    ("redlock", "LOCKKIT_REDLOCK_URL"),
+    ("etcd", "LOCKKIT_ETCD_URL"),
+    ("postgres", "LOCKKIT_POSTGRES_URL"),
+    ("rslock", "LOCKKIT_REDLOCK_URL"),
+];
+
+/// The PostgreSQL database the lab uses, so its counters see only the lab.
+pub const PG_DATABASE: &str = "lockkit_lab";
+
+struct Plan {
+    tasks: &'static [usize],
+    phase: Duration,
+    waiters: &'static [usize],
+    contended_phase: Duration,
+    many_keys: usize,
+    pg_many_keys: usize,
+    loss_samples: usize,
+    redis_requests: u64,
+    pgbench_secs: u64,
+}
+
+impl Plan {
+    fn of(mode: Mode) -> Plan {
+        match mode {
+            Mode::Quick => Plan {
+                tasks: &[1, 16, 64],
+                phase: Duration::from_millis(600),
+                waiters: &[8],
+                contended_phase: Duration::from_secs(1),
+                many_keys: 2_000,
+                pg_many_keys: 16,
+                loss_samples: 2,
+                redis_requests: 5_000,
+                pgbench_secs: 1,
+            },
+            Mode::Full => Plan {
+                tasks: &[1, 4, 16, 64, 256],
+                phase: Duration::from_secs(3),
+                waiters: &[4, 32],
+                contended_phase: Duration::from_secs(3),
+                many_keys: 100_000,
+                pg_many_keys: 64,
+                loss_samples: 5,
+                redis_requests: 50_000,
+                pgbench_secs: 3,
+            },
+        }
+    }
+}
+
+/// PostgreSQL holds one connection per lock: concurrency above this is not run.
+const PG_MAX_TASKS: usize = 64;
+const TTL: Duration = Duration::from_secs(10);
+const LOSS_TTL: Duration = Duration::from_secs(3);
+
+/// Runs the lab and writes the report folder. Per-subject failures are
+/// recorded in the report (see [`Report::failures`]), not returned.
+pub async fn run(options: &Options) -> Result<Report, String> {
+    let plan = Plan::of(options.mode);
+    let wanted = |name: &str| {
+        options
+            .only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|w| w == name))
+    };
+    if let Some(only) = &options.only
+        && let Some(bad) = only.iter().find(|w| !SUBJECTS.iter().any(|(n, _)| n == *w))
+    {
+        return Err(format!(
+            "unknown backend `{bad}`; choose among {}",
+            SUBJECTS
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
+    let chosen: Vec<_> = SUBJECTS.iter().filter(|(n, _)| wanted(n)).collect();
+    let per_subject = plan.tasks.len() * 2 + plan.waiters.len() + 2;
+    let progress = Progress::new(chosen.len() * per_subject + 2);
+    let started = Instant::now();
+    let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
+    let mut report = Report::new(options.mode, report::machine().await);
+    let mut redis_bound: Option<Bound> = None;
+
+    for (name, var) in chosen {
+        let url = if var.is_empty() {
+            "memory://".to_owned()
+        } else {
+            match std::env::var(var) {
+                Ok(u) if !u.is_empty() => u,
+                _ => {
+                    report.subjects.push(Subject::failed(
+                        name,
+                        format!("{var} is not set (scripts/lab.sh sets it from target/lockkit-servers/urls.env)"),
+                    ));
+                    continue;
+                }
+            }
+        };
+        let prefix = format!("lab-{run_id}/{name}");
+        if *name == "rslock" {
+            let single = std::env::var("LOCKKIT_REDIS_URL").unwrap_or_default();
+            let peers = [
+                ("rslock (1 node)", counters::hosts(&single)),
+                ("rslock (5 nodes)", counters::hosts(&url)),
+            ];
+            for (peer, hosts) in peers {
+                if hosts.is_empty() {
+                    report
+                        .subjects
+                        .push(Subject::failed(peer, "no Redis URL for it".into()));
+                    continue;
+                }
+                let urls: Vec<String> = hosts.iter().map(|h| format!("redis://{h}")).collect();
+                let mut s = Subject::new(peer, "peer", &urls.join(","));
+                s.baseline = Some("redis-benchmark".into());
+                let client = Client::rslock(&urls);
+                measure_clients(
+                    &plan,
+                    &progress,
+                    &client,
+                    &prefix,
+                    &mut s,
+                    &Counter::None,
+                    None,
+                )
+                .await;
+                report.subjects.push(s);
+            }
+            continue;
+        }
+        let step = progress.step(format!("{name}: connecting"));
+        let connected = connect(name, &url).await;
+        drop(step);
+        let (locker, counter, backend_url) = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                report.subjects.push(Subject::failed(name, e));
+                continue;
+            }
+        };
+        let mut s = Subject::new(name, "backend", &backend_url);
+        s.wake_up = Some(locker.capabilities().wake_up.to_string());
+        s.has_wake_up = locker.capabilities().wake_up != WakeUp::Polling;
+        let client = Client::Lockkit(locker.clone());
+        let max_tasks = (*name == "postgres").then_some(PG_MAX_TASKS);
+        measure_clients(
+            &plan, &progress, &client, &prefix, &mut s, &counter, max_tasks,
+        )
+        .await;
+
+        // Baselines, at the same concurrencies.
+        let tasks: Vec<usize> = plan
+            .tasks
+            .iter()
+            .copied()
+            .filter(|&t| max_tasks.is_none_or(|m| t <= m))
+            .collect();
+        match *name {
+            "redis" | "redis-cluster" | "redlock" => {
+                if redis_bound.is_none() {
+                    let single = std::env::var("LOCKKIT_REDIS_URL").unwrap_or_default();
+                    redis_bound = Some(redis_bound_of(&single, &tasks, &plan, &progress).await);
+                }
+                s.baseline = redis_bound.as_ref().map(|b| b.name.clone());
+                if *name != "redis" {
+                    s.notes.push(format!(
+                        "bound: the single Redis server's ({} sends the same scripts to each of its nodes)",
+                        name
+                    ));
+                }
+                s.peer = Some(
+                    if *name == "redlock" {
+                        "rslock (5 nodes)"
+                    } else {
+                        "rslock (1 node)"
+                    }
+                    .into(),
+                );
+            }
+            "etcd" => {
+                report
+                    .bounds
+                    .push(etcd_bound(&url, &prefix, &tasks, &plan, &progress).await);
+                s.baseline = report.bounds.last().map(|b| b.name.clone());
+                s.peer = Some("rslock (1 node)".into());
+            }
+            "postgres" => {
+                let lab = pg_lab_database(&url).await.unwrap_or_default();
+                report
+                    .bounds
+                    .push(pg_bound(&lab, &tasks, &plan, &progress, &options.out).await);
+                s.baseline = report.bounds.last().map(|b| b.name.clone());
+                s.peer = Some("rslock (1 node)".into());
+                if plan.tasks.iter().any(|&t| t > PG_MAX_TASKS) {
+                    s.notes.push(format!(
+                        "uncontended runs up to {PG_MAX_TASKS} tasks: each held lock pins a connection (server max_connections)"
+                    ));
+                }
+            }
+            _ => s.peer = Some("rslock (1 node)".into()),
+        }
+
+        // Many keys held at once.
+        let n = if *name == "postgres" {
+            plan.pg_many_keys
+        } else {
+            plan.many_keys
+        };
+        let step = progress.step(format!("{name}: holding {n} keys at once"));
+        s.many_keys = Some(
+            scenarios::many_keys(
+                &locker,
+                &format!("{prefix}/many"),
+                n,
+                &counter,
+                step.ops.clone(),
+            )
+            .await,
+        );
+        drop(step);
+
+        // Loss detection, from a second Locker.
+        let step = progress.step(format!("{name}: loss detection"));
+        let operator = match *name {
+            "memory" => Ok(scenarios::Remover::Operator(locker.clone())),
+            // Redlock has no force_release: the grant is deleted on every node.
+            "redlock" => counters::redis_nodes(&url)
+                .await
+                .map(scenarios::Remover::RedisDel),
+            _ => connect(name, &url)
+                .await
+                .map(|(l, _, _)| scenarios::Remover::Operator(l)),
+        };
+        if *name == "redlock" {
+            s.notes.push(
+                "loss: redlock has no force_release; the grant is removed by DEL on every node"
+                    .into(),
+            );
+        }
+        match operator {
+            Ok(op) => {
+                s.loss = Some(
+                    scenarios::loss(
+                        &locker,
+                        &op,
+                        &prefix,
+                        plan.loss_samples,
+                        LOSS_TTL,
+                        step.ops.clone(),
+                    )
+                    .await,
+                );
+            }
+            Err(e) => s.errors.push(format!("loss: second locker: {e}")),
+        }
+        drop(step);
+        report.subjects.push(s);
+    }
+    if let Some(b) = redis_bound {
+        report.bounds.insert(0, b);
+    }
+    progress.finish();
+    report.wall_s = started.elapsed().as_secs_f64();
+    report.finish();
+    report.write(&options.out)?;
+    Ok(report)
+}
+
+/// Uncontended at every concurrency, then contended, for one client.
+async fn measure_clients(
+    plan: &Plan,
+    progress: &Arc<Progress>,
+    client: &Client,
+    prefix: &str,
+    s: &mut Subject,
+    counter: &Counter,
+    max_tasks: Option<usize>,
+) {
+    // Warm-up: connections, script caches.
+    let step = progress.step(format!("{}: warm-up", s.name));
+    let warm = scenarios::uncontended(
+        client,
+        &format!("{prefix}/warm"),
+        16.min(max_tasks.unwrap_or(16)),
+        Duration::from_millis(300),
+        TTL,
+        step.ops.clone(),
+    )
+    .await;
+    drop(step);
+    if warm.pairs == 0 {
+        s.errors.push(format!(
+            "warm-up produced no pair: {}",
+            warm.first_error.unwrap_or_else(|| "no error".into())
+        ));
+        return;
+    }
+    for &tasks in plan.tasks {
+        if max_tasks.is_some_and(|m| tasks > m) {
+            continue;
+        }
+        let step = progress.step(format!("{}: uncontended, {tasks} tasks", s.name));
+        let u =
+            scenarios::uncontended(client, prefix, tasks, plan.phase, TTL, step.ops.clone()).await;
+        if let Some(e) = &u.first_error {
+            s.errors.push(format!(
+                "uncontended {tasks} tasks: {} errors, first: {e}",
+                u.errors
+            ));
+        }
+        s.uncontended.push(u);
+    }
+    for &waiters in plan.waiters {
+        let step = progress.step(format!(
+            "{}: contended, {waiters} waiters on one key",
+            s.name
+        ));
+        let c = scenarios::contended(
+            client,
+            &format!("{prefix}/hot{waiters}"),
+            waiters,
+            plan.contended_phase,
+            TTL,
+            counter,
+            step.ops.clone(),
+        )
+        .await;
+        if let Some(e) = &c.first_error {
+            s.errors.push(format!(
+                "contended {waiters} waiters: {} errors, first: {e}",
+                c.errors
+            ));
+        }
+        s.contended.push(c);
+    }
+}
+
+/// Connects a backend, with its server counter; returns the URL used (redacted).
+async fn connect(name: &str, url: &str) -> Result<(Locker, Counter, String), String> {
+    let (url, counter) = match name {
+        "memory" => (url.to_owned(), Counter::None),
+        "redis" | "redis-cluster" | "redlock" => (
+            url.to_owned(),
+            Counter::Redis(counters::redis_nodes(url).await?),
+        ),
+        "etcd" => (url.to_owned(), Counter::Etcd(counters::hosts(url))),
+        "postgres" => {
+            let lab = pg_lab_database(url).await?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .connect(&lab)
+                .await
+                .map_err(|e| format!("{}: {e}", lockkit::url::redact(&lab)))?;
+            let sep = if lab.contains('?') { '&' } else { '?' };
+            (
+                format!("{lab}{sep}max_held_locks=80"),
+                Counter::Postgres(pool),
+            )
+        }
+        other => return Err(format!("unknown backend {other}")),
+    };
+    let locker = lockkit::connect(&url).await.map_err(|e| e.to_string())?;
+    Ok((locker, counter, lockkit::url::redact(&url)))
+}
+
+/// Creates the lab's own database next to the URL's, and returns its URL.
+async fn pg_lab_database(url: &str) -> Result<String, String> {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let lab = format!(
+        "{}/{PG_DATABASE}{}",
+        &base[..host_end],
+        query.map(|q| format!("?{q}")).unwrap_or_default()
+    );
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .map_err(|e| format!("{}: {e}", lockkit::url::redact(url)))?;
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(PG_DATABASE)
+        .fetch_optional(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    if exists.is_none() {
+        sqlx::query(&format!("CREATE DATABASE {PG_DATABASE}"))
+            .execute(&pool)
+            .await
+            .map_err(|e| format!("CREATE DATABASE {PG_DATABASE}: {e}"))?;
+    }
+    pool.close().await;
+    Ok(lab)
+}
+
+async fn redis_bound_of(
+    url: &str,
+    tasks: &[usize],
+    plan: &Plan,
+    progress: &Arc<Progress>,
+) -> Bound {
+    let mut bound = Bound {
+        name: "redis-benchmark".into(),
+        method: baseline::redis_method(),
+        points: Vec::new(),
+        errors: Vec::new(),
+    };
+    let Some(host) = counters::hosts(url).into_iter().next() else {
+        bound.errors.push("LOCKKIT_REDIS_URL is not set".into());
+        return bound;
+    };
+    match counters::redis_nodes(url).await {
+        Ok(mut nodes) => {
+            let loaded = match baseline::load_scripts(&mut nodes[0]).await {
+                Ok(()) => baseline::check_acquire_args(&mut nodes[0]).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = loaded {
+                bound.errors.push(e);
+                return bound;
+            }
+        }
+        Err(e) => {
+            bound.errors.push(e);
+            return bound;
+        }
+    }
+    for &t in tasks {
+        let _step = progress.step(format!(
+            "redis-benchmark: {t} clients, acquire and release scripts, with and without -P 16"
+        ));
+        match baseline::redis_point(&host, t, plan.redis_requests).await {
+            Ok(p) => bound.points.push(p),
+            Err(e) => bound.errors.push(format!("{t} clients: {e}")),
+        }
+    }
+    bound
+}
+
+async fn etcd_bound(
+    url: &str,
+    prefix: &str,
+    tasks: &[usize],
+    plan: &Plan,
+    progress: &Arc<Progress>,
+) -> Bound {
+    let mut bound = Bound {
+        name: "bare etcd RPCs".into(),
+        method: baseline::etcd_method(),
+        points: Vec::new(),
+        errors: Vec::new(),
+    };
+    let endpoints: Vec<String> = counters::hosts(url)
+        .iter()
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let client = match etcd_client::Client::connect(&endpoints, None).await {
+        Ok(c) => c,
+        Err(e) => {
+            bound.errors.push(format!("connect: {e}"));
+            return bound;
+        }
+    };
+    for &t in tasks {
+        let step = progress.step(format!("etcd bare-RPC loop: {t} tasks"));
+        match baseline::etcd_point(
+            &client,
+            &format!("{prefix}/bare"),
+            t,
+            plan.phase,
+            step.ops.clone(),
+        )
+        .await
+        {
+            Ok(p) => bound.points.push(p),
+            Err(e) => bound.errors.push(format!("{t} tasks: {e}")),
+        }
+    }
+    bound
+}
+
+async fn pg_bound(
+    url: &str,
+    tasks: &[usize],
+    plan: &Plan,
+    progress: &Arc<Progress>,
+    out: &std::path::Path,
+) -> Bound {
+    let mut bound = Bound {
+        name: "pgbench".into(),
+        method: baseline::pgbench_method(),
+        points: Vec::new(),
+        errors: Vec::new(),
+    };
+    let script = out.join("pairs.pgbench.sql");
+    if let Err(e) = std::fs::write(&script, baseline::PGBENCH_SQL) {
+        bound.errors.push(format!("{}: {e}", script.display()));
+        return bound;
+    }
+    // pgbench takes a libpq URL: without lockkit's own query options.
+    let base = url.split('?').next().unwrap_or(url);
+    for &t in tasks {
+        let _step = progress.step(format!("pgbench: {t} clients"));
+        match baseline::pgbench_point(base, &script, t, plan.pgbench_secs).await {
+            Ok(p) => bound.points.push(p),
+            Err(e) => bound.errors.push(format!("{t} clients: {e}")),
+        }
+    }
+    let _ = std::fs::remove_file(&script);
+    bound
+}

@@ -1,0 +1,611 @@
+//! The report: raw figures (JSON), Markdown tables, goals, and the plots.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::Mode;
+use crate::baseline::{Bound, BoundPoint};
+use crate::scenarios::{Contended, Loss, ManyKeys, Uncontended};
+
+/// The machine the lab ran on.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    /// CPU model.
+    pub cpu: String,
+    /// Logical CPUs.
+    pub cpus: usize,
+    /// Memory, GiB.
+    pub memory_gib: f64,
+    /// Operating system.
+    pub os: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Server versions, as reported by the tools.
+    pub servers: String,
+}
+
+/// Reads the machine's description from /proc and the tools.
+pub async fn machine() -> Machine {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let memory_gib = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let os = read("/etc/os-release")
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|l| l.trim_matches('"').to_owned())
+        .unwrap_or_default();
+    let mut servers = Vec::new();
+    for (tool, arg) in [
+        ("redis-server", "--version"),
+        ("etcd", "--version"),
+        ("pgbench", "--version"),
+    ] {
+        if let Ok(out) = tokio::process::Command::new(tool).arg(arg).output().await {
+            let text = String::from_utf8_lossy(&out.stdout);
+            if let Some(line) = text.lines().next() {
+                servers.push(line.trim().to_owned());
+            }
+        }
+    }
+    Machine {
+        cpu,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory_gib,
+        os,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+        servers: servers.join("; "),
+    }
+}
+
+/// One measured library: a lockkit backend or the peer.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Subject {
+    /// Its name in tables.
+    pub name: String,
+    /// `backend` or `peer`.
+    pub kind: String,
+    /// Where it ran (passwords and queries removed).
+    pub url: String,
+    /// How waiters are woken.
+    pub wake_up: Option<String>,
+    /// Whether it has wake-ups (not only polling).
+    pub has_wake_up: bool,
+    /// The bound its throughput is compared with.
+    pub baseline: Option<String>,
+    /// The peer it is compared with.
+    pub peer: Option<String>,
+    /// Uncontended pairs, per concurrency.
+    pub uncontended: Vec<Uncontended>,
+    /// Contended handoffs, per waiter count.
+    pub contended: Vec<Contended>,
+    /// Many keys held at once.
+    pub many_keys: Option<ManyKeys>,
+    /// Loss detection.
+    pub loss: Option<Loss>,
+    /// Remarks on how its figures were taken.
+    pub notes: Vec<String>,
+    /// What failed.
+    pub errors: Vec<String>,
+}
+
+impl Subject {
+    /// An empty subject.
+    pub fn new(name: &str, kind: &str, url: &str) -> Subject {
+        Subject {
+            name: name.into(),
+            kind: kind.into(),
+            url: url.into(),
+            ..Subject::default()
+        }
+    }
+
+    /// A subject that could not be measured.
+    pub fn failed(name: &str, error: String) -> Subject {
+        Subject {
+            name: name.into(),
+            errors: vec![error],
+            ..Subject::default()
+        }
+    }
+
+    fn at(&self, tasks: usize) -> Option<&Uncontended> {
+        self.uncontended.iter().find(|u| u.tasks == tasks)
+    }
+}
+
+/// One goal and where the run stands.
+#[derive(Debug, Clone, Serialize)]
+pub struct Goal {
+    /// The goal.
+    pub goal: String,
+    /// What was measured.
+    pub measured: String,
+    /// Met, missed, or not measured (`None`).
+    pub met: Option<bool>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Quick or full.
+    pub mode: Mode,
+    /// Where it ran.
+    pub machine: Machine,
+    /// Start, seconds since the Unix epoch.
+    pub started_unix_s: u64,
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+    /// Backends and peers.
+    pub subjects: Vec<Subject>,
+    /// The servers' bounds.
+    pub bounds: Vec<Bound>,
+    /// The goals, checked.
+    pub goals: Vec<Goal>,
+}
+
+fn rate(x: f64) -> String {
+    let n = x.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn us(x: f64) -> String {
+    if x >= 10_000.0 {
+        format!("{:.0} ms", x / 1000.0)
+    } else if x >= 1000.0 {
+        format!("{:.2} ms", x / 1000.0)
+    } else {
+        format!("{x:.0} µs")
+    }
+}
+
+fn ratio(a: f64, b: Option<f64>) -> String {
+    match b {
+        Some(b) if b > 0.0 && a > 0.0 => format!("{:.2}x", a / b),
+        _ => "—".into(),
+    }
+}
+
+fn bytes(x: f64) -> String {
+    if x.abs() >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", x / 1024.0 / 1024.0)
+    } else if x.abs() >= 1024.0 {
+        format!("{:.1} KiB", x / 1024.0)
+    } else {
+        format!("{x:.0} B")
+    }
+}
+
+impl Report {
+    /// An empty report.
+    pub fn new(mode: Mode, machine: Machine) -> Report {
+        Report {
+            mode,
+            machine,
+            started_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            wall_s: 0.0,
+            subjects: Vec::new(),
+            bounds: Vec::new(),
+            goals: Vec::new(),
+        }
+    }
+
+    /// The subjects that produced no figures, with why.
+    pub fn failures(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in &self.subjects {
+            let missing = if s.kind == "peer" {
+                s.uncontended.is_empty() || s.contended.is_empty()
+            } else {
+                s.uncontended.is_empty()
+                    || s.contended.iter().all(|c| c.grants == 0)
+                    || s.many_keys.as_ref().is_none_or(|m| m.held == 0)
+                    || s.loss.as_ref().is_none_or(|l| l.samples_ms.is_empty())
+            };
+            if missing {
+                out.push(format!("{}: no figures ({})", s.name, s.errors.join("; ")));
+            }
+        }
+        for b in &self.bounds {
+            if b.points.is_empty() {
+                out.push(format!("{}: no figures ({})", b.name, b.errors.join("; ")));
+            }
+        }
+        out
+    }
+
+    fn subject(&self, name: &str) -> Option<&Subject> {
+        self.subjects.iter().find(|s| s.name == name)
+    }
+
+    fn bound_at(&self, name: Option<&str>, tasks: usize) -> Option<&BoundPoint> {
+        let b = self.bounds.iter().find(|b| Some(b.name.as_str()) == name)?;
+        b.points.iter().find(|p| p.tasks == tasks)
+    }
+
+    fn peer_at(&self, s: &Subject, tasks: usize) -> Option<&Uncontended> {
+        self.subject(s.peer.as_deref()?)?.at(tasks)
+    }
+
+    /// Checks the goals.
+    pub fn finish(&mut self) {
+        let mut goals = Vec::new();
+        let pairs = |s: Option<&Subject>, t: usize| s.and_then(|s| s.at(t)).map(|u| u.pairs_per_s);
+        let redis = self.subject("redis");
+        let r64 = pairs(redis, 64);
+        let bound64 = self
+            .bound_at(Some("redis-benchmark"), 64)
+            .and_then(|b| b.pipelined_pairs_per_s);
+        let rs1 = pairs(self.subject("rslock (1 node)"), 64);
+        let rs5 = pairs(self.subject("rslock (5 nodes)"), 64);
+        let check = |goal: &str, value: Option<f64>, min: f64, what: String| Goal {
+            goal: goal.into(),
+            measured: value.map_or("not measured".into(), |v| format!("{v:.2}x ({what})")),
+            met: value.map(|v| v >= min),
+        };
+        let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        goals.push(check(
+            "Redis: >= 0.8 of the pipelined redis-benchmark bound at 64 tasks",
+            div(r64, bound64),
+            0.8,
+            format!(
+                "{} vs {} pairs/s",
+                rate(r64.unwrap_or(0.0)),
+                rate(bound64.unwrap_or(0.0))
+            ),
+        ));
+        goals.push(check(
+            "Redis: >= 1.3x rslock (1 node) at 64 tasks",
+            div(r64, rs1),
+            1.3,
+            format!(
+                "{} vs {} pairs/s",
+                rate(r64.unwrap_or(0.0)),
+                rate(rs1.unwrap_or(0.0))
+            ),
+        ));
+        let redlock = self.subject("redlock");
+        let p50 = |s: Option<&Subject>, t: usize| s.and_then(|s| s.at(t)).map(|u| u.acquire.p50_us);
+        let (rl, rd) = (p50(redlock, 1), p50(redis, 1));
+        let lat = div(rl, rd);
+        goals.push(Goal {
+            goal: "Redlock (5 nodes): p50 acquire latency <= 1.5x single Redis (1 task)".into(),
+            measured: lat.map_or("not measured".into(), |v| {
+                format!(
+                    "{v:.2}x ({} vs {})",
+                    us(rl.unwrap_or(0.0)),
+                    us(rd.unwrap_or(0.0))
+                )
+            }),
+            met: lat.map(|v| v <= 1.5),
+        });
+        let rl64 = pairs(redlock, 64);
+        goals.push(check(
+            "Redlock (5 nodes): >= 1.5x rslock (5 nodes) pairs/s at 64 tasks",
+            div(rl64, rs5),
+            1.5,
+            format!(
+                "{} vs {} pairs/s",
+                rate(rl64.unwrap_or(0.0)),
+                rate(rs5.unwrap_or(0.0))
+            ),
+        ));
+        if let Some(pg) = self.subject("postgres") {
+            let worst = pg
+                .uncontended
+                .iter()
+                .filter_map(|u| {
+                    let b = self.bound_at(Some("pgbench"), u.tasks)?;
+                    Some((u.pairs_per_s / b.pairs_per_s, u.tasks))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            goals.push(Goal {
+                goal: "PostgreSQL: >= 0.7 of the pgbench bound at the same client count".into(),
+                measured: worst.map_or("not measured".into(), |(r, t)| {
+                    format!("lowest {r:.2}x (at {t} tasks)")
+                }),
+                met: worst.map(|(r, _)| r >= 0.7),
+            });
+        }
+        for s in self
+            .subjects
+            .iter()
+            .filter(|s| s.kind == "backend" && s.has_wake_up)
+        {
+            let worst = s
+                .contended
+                .iter()
+                .map(|c| (c.handoff.p99_us, c.waiters))
+                .max_by(|a, b| a.0.total_cmp(&b.0));
+            goals.push(Goal {
+                goal: format!(
+                    "{}: handoff p99 < 5 ms ({})",
+                    s.name,
+                    s.wake_up.as_deref().unwrap_or("")
+                ),
+                measured: worst.map_or("not measured".into(), |(p, w)| {
+                    format!("{} ({w} waiters)", us(p))
+                }),
+                met: worst.map(|(p, _)| p < 5000.0),
+            });
+        }
+        for s in self.subjects.iter().filter(|s| s.kind == "backend") {
+            let Some(m) = &s.many_keys else { continue };
+            let pg = s.name == "postgres";
+            goals.push(Goal {
+                goal: if pg {
+                    "postgres: client memory per held lock (excepted: pins a connection)".into()
+                } else {
+                    format!("{}: client memory per held lock < 2 KiB", s.name)
+                },
+                measured: format!(
+                    "{} heap, {} RSS ({} held)",
+                    bytes(m.client_heap_bytes_per_lock),
+                    bytes(m.client_rss_bytes_per_lock),
+                    m.held
+                ),
+                met: (!pg && m.held > 0).then_some(m.client_heap_bytes_per_lock < 2048.0),
+            });
+        }
+        self.goals = goals;
+    }
+
+    /// The Markdown report.
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        let m = &self.machine;
+        let _ = writeln!(md, "# lockkit lab report ({:?} mode)\n", self.mode);
+        let _ = writeln!(
+            md,
+            "Machine: {} ({} CPUs), {:.0} GiB, {}, Linux {}. Servers on loopback: {}. Run took {:.0} s.\n",
+            m.cpu, m.cpus, m.memory_gib, m.os, m.kernel, m.servers, self.wall_s
+        );
+        md.push_str(&self.uncontended_table(None));
+        md.push_str(&self.contended_table());
+        md.push_str(&self.memory_table());
+        md.push_str(&self.goals_table());
+        md.push_str("## Bounds\n\n| bound | tasks | pairs/s | pipelined pairs/s | acquire/s, release/s |\n|---|---|---|---|---|\n");
+        for b in &self.bounds {
+            for p in &b.points {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} |",
+                    b.name,
+                    p.tasks,
+                    rate(p.pairs_per_s),
+                    p.pipelined_pairs_per_s.map_or("—".into(), rate),
+                    p.detail
+                );
+            }
+        }
+        md.push_str("\n## How each figure is taken\n\n");
+        md.push_str("- **pairs/s**: T tasks, each locking and releasing a key of its own (`try_acquire` + `release`) for the phase; acquire latency is the `try_acquire` call alone.\n");
+        md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant.\n");
+        md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
+        md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
+        for b in &self.bounds {
+            let _ = writeln!(md, "- **{}**: {}", b.name, b.method);
+        }
+        let mut counted: Vec<&str> = self
+            .subjects
+            .iter()
+            .flat_map(|s| s.contended.iter().map(|c| c.counted.as_str()))
+            .chain(
+                self.subjects
+                    .iter()
+                    .filter_map(|s| s.many_keys.as_ref().map(|m| m.server_counted.as_str())),
+            )
+            .collect();
+        counted.sort();
+        counted.dedup();
+        for c in counted {
+            let _ = writeln!(md, "- {c}");
+        }
+        for s in &self.subjects {
+            for n in &s.notes {
+                let _ = writeln!(md, "- {}: {n}", s.name);
+            }
+        }
+        let failures: Vec<_> = self
+            .subjects
+            .iter()
+            .flat_map(|s| s.errors.iter().map(move |e| format!("{}: {e}", s.name)))
+            .chain(
+                self.bounds
+                    .iter()
+                    .flat_map(|b| b.errors.iter().map(move |e| format!("{}: {e}", b.name))),
+            )
+            .collect();
+        if !failures.is_empty() {
+            md.push_str("\n## Errors\n\n");
+            for f in failures {
+                let _ = writeln!(md, "- {f}");
+            }
+        }
+        md
+    }
+
+    /// The uncontended table, at one concurrency or all.
+    fn uncontended_table(&self, only: Option<usize>) -> String {
+        let mut md = String::from(
+            "## Uncontended: acquire+release pairs\n\n| backend | tasks | pairs/s | vs bound | vs bound -P16 | vs peer | acquire p50 | p99 | p99.9 |\n|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for s in &self.subjects {
+            for u in &s.uncontended {
+                if only.is_some_and(|t| t != u.tasks) {
+                    continue;
+                }
+                let b = self.bound_at(s.baseline.as_deref(), u.tasks);
+                let peer = self.peer_at(s, u.tasks).map(|p| p.pairs_per_s);
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    s.name,
+                    u.tasks,
+                    rate(u.pairs_per_s),
+                    ratio(u.pairs_per_s, b.map(|b| b.pairs_per_s)),
+                    ratio(u.pairs_per_s, b.and_then(|b| b.pipelined_pairs_per_s)),
+                    ratio(u.pairs_per_s, peer),
+                    us(u.acquire.p50_us),
+                    us(u.acquire.p99_us),
+                    us(u.acquire.p999_us),
+                );
+            }
+        }
+        md.push('\n');
+        md
+    }
+
+    fn contended_table(&self) -> String {
+        let mut md = String::from(
+            "## Contended: one key, W waiters\n\n| backend | waiters | grants/s | handoff p50 | handoff p99 | vs peer p99 | server ops per handoff |\n|---|---|---|---|---|---|---|\n",
+        );
+        for s in &self.subjects {
+            for c in &s.contended {
+                let peer = s
+                    .peer
+                    .as_deref()
+                    .and_then(|p| self.subject(p))
+                    .and_then(|p| p.contended.iter().find(|x| x.waiters == c.waiters))
+                    .map(|p| p.handoff.p99_us);
+                let ops = c.server_ops_per_handoff.map_or("—".into(), |o| {
+                    let unit = if c.counted.starts_with("Redis") {
+                        "commands"
+                    } else if c.counted.starts_with("PostgreSQL") {
+                        "transactions"
+                    } else {
+                        "gRPC messages"
+                    };
+                    format!("{o:.1} {unit}")
+                });
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    s.name,
+                    c.waiters,
+                    rate(c.grants_per_s),
+                    us(c.handoff.p50_us),
+                    us(c.handoff.p99_us),
+                    ratio(c.handoff.p99_us, peer),
+                    ops
+                );
+            }
+        }
+        md.push('\n');
+        md
+    }
+
+    fn memory_table(&self) -> String {
+        let mut md = String::from(
+            "## Many keys held at once, and loss detection\n\n| backend | held | client heap per lock | client RSS per lock | server per lock | lost() after removal p50 | max |\n|---|---|---|---|---|---|---|\n",
+        );
+        for s in self.subjects.iter().filter(|s| s.kind == "backend") {
+            let (held, heap, rss, server) = s.many_keys.as_ref().map_or(
+                ("—".into(), "—".into(), "—".into(), "—".into()),
+                |m| {
+                    (
+                        rate(m.held as f64),
+                        bytes(m.client_heap_bytes_per_lock),
+                        bytes(m.client_rss_bytes_per_lock),
+                        m.server_bytes_per_lock.map_or("—".into(), bytes),
+                    )
+                },
+            );
+            let (p50, max) = s
+                .loss
+                .as_ref()
+                .filter(|l| !l.samples_ms.is_empty())
+                .map_or(("—".into(), "—".into()), |l| {
+                    (format!("{:.1} ms", l.p50_ms), format!("{:.1} ms", l.max_ms))
+                });
+            let _ = writeln!(
+                md,
+                "| {} | {held} | {heap} | {rss} | {server} | {p50} | {max} |",
+                s.name
+            );
+        }
+        md.push('\n');
+        md
+    }
+
+    fn goals_table(&self) -> String {
+        let mut md = String::from("## Goals\n\n| goal | measured | met |\n|---|---|---|\n");
+        for g in &self.goals {
+            let met = match g.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "—",
+            };
+            let _ = writeln!(md, "| {} | {} | {met} |", g.goal, g.measured);
+        }
+        md.push('\n');
+        md
+    }
+
+    /// The terminal summary: the 64-task row (or the largest run), contention, memory, goals.
+    pub fn summary(&self) -> String {
+        let t = if self.subjects.iter().any(|s| s.at(64).is_some()) {
+            64
+        } else {
+            1
+        };
+        let mut out = self.uncontended_table(Some(t));
+        out.push_str(&self.contended_table());
+        out.push_str(&self.memory_table());
+        out.push_str(&self.goals_table());
+        out
+    }
+
+    /// Writes report.json, report.md and the SVG plots into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        let put = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text)
+                .map_err(|e| format!("{}: {e}", dir.join(name).display()))
+        };
+        put(
+            "report.json",
+            &serde_json::to_string_pretty(self).map_err(|e| e.to_string())?,
+        )?;
+        put("report.md", &self.markdown())?;
+        crate::plot::all(self, dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(rate(1234567.4), "1,234,567");
+        assert_eq!(rate(999.0), "999");
+        assert_eq!(us(1500.0), "1.50 ms");
+        assert_eq!(us(80.0), "80 µs");
+        assert_eq!(ratio(2.0, Some(4.0)), "0.50x");
+        assert_eq!(ratio(2.0, None), "—");
+        assert_eq!(bytes(2048.0), "2.0 KiB");
+    }
+}

@@ -1,0 +1,77 @@
+//! What is measured: a lockkit `Locker`, or the peer library (`rslock`).
+
+use std::time::Duration;
+
+use lockkit::{Lease, Locker};
+
+/// A lock client under measurement.
+#[derive(Clone)]
+pub enum Client {
+    /// A lockkit backend behind `Locker`.
+    Lockkit(Locker),
+    /// The `rslock` crate over one or more Redis servers.
+    Rslock(rslock::LockManager),
+}
+
+/// A held lock of either kind.
+pub enum Held {
+    /// lockkit's.
+    Lease(Lease),
+    /// rslock's.
+    Rslock(rslock::Lock),
+}
+
+impl Client {
+    /// rslock over the given `redis://` URLs (quorum N/2+1).
+    pub fn rslock(urls: &[String]) -> Client {
+        Client::Rslock(rslock::LockManager::new(urls.to_vec()))
+    }
+
+    /// One attempt, no waiting.
+    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Held, String> {
+        match self {
+            Client::Lockkit(l) => l
+                .try_acquire(key, ttl)
+                .await
+                .map(Held::Lease)
+                .map_err(|e| e.to_string()),
+            Client::Rslock(m) => m
+                .lock(key, ttl)
+                .await
+                .map(Held::Rslock)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Waits up to `wait` for the lock, the way each library waits.
+    pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Held, String> {
+        match self {
+            Client::Lockkit(l) => l
+                .acquire(key, ttl, wait)
+                .await
+                .map(Held::Lease)
+                .map_err(|e| e.to_string()),
+            // rslock retries with random delays (up to 200 ms) until it gets the lock.
+            Client::Rslock(m) => {
+                match tokio::time::timeout(wait, m.acquire_no_guard(key, ttl)).await {
+                    Ok(r) => r.map(Held::Rslock).map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("not acquired within {wait:?}")),
+                }
+            }
+        }
+    }
+
+    /// Releases a lock this client holds.
+    pub async fn release(&self, held: Held) -> Result<(), String> {
+        match (self, held) {
+            (Client::Lockkit(l), Held::Lease(lease)) => {
+                l.release(lease).await.map_err(|e| e.to_string())
+            }
+            (Client::Rslock(m), Held::Rslock(lock)) => {
+                m.unlock(&lock).await;
+                Ok(())
+            }
+            _ => Err("a lock released through another client".into()),
+        }
+    }
+}
