@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# The main job: start the private servers and compare the backends on this
-# machine (throughput and latency, side by side), then stop the servers.
+# The main job: start the private servers, build lockctl in release mode and
+# measure every backend on this machine (`lockctl bench`): throughput and
+# latency against the servers' own bounds and the rslock crate, handoffs,
+# memory per held lock, loss detection. Then stop the servers.
+#
+#   scripts/lab.sh                 full run (several minutes)
+#   scripts/lab.sh --quick         short run (under 2 minutes)
+#   scripts/lab.sh --backends redis,etcd --out DIR
+#
+# The report folder (default target/lab-report/) holds report.md,
+# report.json and SVG plots.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -10,4 +19,5 @@ set -a
 # shellcheck disable=SC1091
 . target/lockkit-servers/urls.env
 set +a
-cargo run --release --quiet --features full --example compare -- "$@"
+cargo build --release --quiet -p lockctl --features bench
+target/release/lockctl bench "$@"

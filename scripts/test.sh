@@ -30,6 +30,9 @@ cargo test --workspace --all-features
 step "fault lab, smoke schedule (fails only on a safety violation predicted impossible, or a harness error)"
 scripts/faults.sh --smoke
 
+step "lab, quick mode (checks only that every backend produced figures)"
+cargo run --quiet -p lockctl --all-features -- bench --quick --out target/lab-smoke
+
 step "docs (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
