@@ -14,6 +14,24 @@ pub trait Sabotage: Send + Sync {
     async fn remove_grant(&self, lease_key: &str);
 }
 
+/// The usual sabotage: the operator's force release
+/// ([`Locker::force_release`]), through a locker of its own so that a case's
+/// connection budget never blocks it. Each backend implements it its own
+/// way (`DEL`, a lease revoke, `pg_terminate_backend`, a scripted fault).
+pub struct ForceRelease(pub Locker);
+
+#[async_trait]
+impl Sabotage for ForceRelease {
+    async fn remove_grant(&self, lease_key: &str) {
+        let removed = self
+            .0
+            .force_release(lease_key)
+            .await
+            .expect("force release");
+        assert!(removed, "no grant on {lease_key} to remove");
+    }
+}
+
 /// One backend under test.
 pub struct Fixture {
     /// The locker over the backend.

@@ -3,7 +3,7 @@
 pub mod cases;
 mod fixture;
 
-pub use fixture::{Fixture, Sabotage, server_url};
+pub use fixture::{Fixture, ForceRelease, Sabotage, server_url};
 
 /// Stamps every conformance case as a `#[tokio::test]` for one backend.
 ///

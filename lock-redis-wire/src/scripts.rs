@@ -211,6 +211,24 @@ pub async fn release<C: ConnectionLike>(
     Ok(deleted == 1)
 }
 
+/// The operator's force release: deletes the grant whoever holds it and
+/// publishes the release so waiters need not wait for their next poll.
+/// Returns whether there was a grant.
+pub async fn force_release<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &crate::LockKeys,
+) -> RedisResult<bool> {
+    let (deleted, _receivers): (i64, i64) = redis::pipe()
+        .cmd("DEL")
+        .arg(&keys.lock)
+        .cmd("PUBLISH")
+        .arg(&keys.channel)
+        .arg("released")
+        .query_async(conn)
+        .await?;
+    Ok(deleted == 1)
+}
+
 /// Moves the grant's expiry to `ttl` from now if `owner` holds it.
 /// Returns false when it did not (nothing changed).
 pub async fn extend<C: ConnectionLike>(

@@ -292,20 +292,9 @@ impl LockBackend for RedisBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let keys = self.inner.settings.layout.keys(key.as_str());
-        let mut conn = self.inner.conn.clone();
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(&keys.lock)
-            .query_async(&mut conn)
+        scripts::force_release(&mut self.inner.conn.clone(), &keys)
             .await
-            .map_err(|e| self.error(e))?;
-        // Waiters need not wait for their next poll.
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(&keys.channel)
-            .arg("released")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.error(e))?;
-        Ok(deleted == 1)
+            .map_err(|e| self.error(e))
     }
 
     async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {

@@ -258,6 +258,25 @@ impl LockBackend for RedlockBackend {
         &self.inner.capabilities
     }
 
+    /// Deletes the grant on every node; reports whether any node had it.
+    /// Needs a majority of the nodes to answer, or the grant may survive.
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let keys = &self.keys(key);
+        let answers = self
+            .inner
+            .nodes
+            .ask_all(|mut c| async move { scripts::force_release(&mut c, keys).await })
+            .await;
+        let tally = Tally::new(answers.into_iter().map(reply_of).collect());
+        if !tally.has_quorum() {
+            return Err(unavailable(
+                &self.inner.url,
+                tally.to_error("force release", &self.inner.endpoints),
+            ));
+        }
+        Ok(tally.done().any(|(_, deleted)| *deleted))
+    }
+
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
         let keys = &self.keys(key);
         let sent = Instant::now();
