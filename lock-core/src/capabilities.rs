@@ -184,7 +184,10 @@ pub enum Assumption {
     MajorityKeepsState,
     /// A majority of the cluster's members is up and keeps its log.
     ConsensusMajority,
-    /// The database keeps committed sequence values (WAL, fsync on).
+    /// The database keeps the sequence values it handed out: its WAL reaches
+    /// disk (fsync on) before a crash. An uncommitted `nextval` is flushed at
+    /// the next commit or within `wal_writer_delay`; a crash inside that window
+    /// can hand a token out again.
     DurableDatabase,
 }
 
@@ -220,7 +223,7 @@ impl fmt::Display for Assumption {
                 "a majority of the cluster's members is up and keeps its log"
             }
             Assumption::DurableDatabase => {
-                "the database keeps committed sequence values across crashes"
+                "the database does not crash between handing out a sequence value and flushing its WAL (at the next commit, or within wal_writer_delay)"
             }
         })
     }
