@@ -176,6 +176,7 @@ async fn run(
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
             .and_then(|()| std::fs::write(&path, text))
+            .and_then(|()| std::fs::write(path.with_file_name("fault-matrix.md"), &md))
         {
             eprintln!("lock-faults: cannot write {}: {e}", path.display());
             return ExitCode::from(2);
