@@ -3,6 +3,7 @@
 # measurement lab talk to: a single Redis, 5 Redis masters for Redlock, a
 # 3-master Redis Cluster, a 3-member etcd cluster and a PostgreSQL 15 cluster.
 #
+#   scripts/servers.sh install install what is missing (Debian packages), start nothing
 #   scripts/servers.sh up      install what is missing, (re)start everything, write urls.env
 #   scripts/servers.sh down    stop exactly the processes this script started
 #   scripts/servers.sh env     print urls.env (eval "$(scripts/servers.sh env)")
@@ -385,12 +386,13 @@ cmd_status() {
 }
 
 case "${1-}" in
+install) install_missing ;;
 up) cmd_up ;;
 down) cmd_down ;;
 env) cmd_env ;;
 status) cmd_status ;;
 *)
-    echo "usage: $0 up|down|env|status" >&2
+    echo "usage: $0 install|up|down|env|status" >&2
     exit 2
     ;;
 esac
