@@ -685,7 +685,10 @@ impl LockBackend for EtcdBackend {
         let revision = lease.fencing_token().get() as i64;
         let owner_hex = lease.owner().to_hex();
         let secs = ttl.as_secs() as i64;
-        if secs == located.ttl_secs {
+        // A keep-alive restores the lease's own TTL. For a TTL no longer than
+        // that, this is enough: the server then keeps the grant at least as
+        // long as the holder's new deadline says.
+        if secs <= located.ttl_secs {
             let (alive, mine) = tokio::join!(
                 self.keep_alive(key, located.lease_id),
                 self.call("get entry", |mut c| {
@@ -702,13 +705,14 @@ impl LockBackend for EtcdBackend {
             });
             return if ours { Ok(()) } else { Err(not_held()) };
         }
-        // An etcd lease keeps the TTL it was granted with: move the entry to a
-        // new lease (same create revision, so same token and place).
+        // A longer TTL: an etcd lease keeps the TTL it was granted with, so
+        // move the entry to a new, longer lease (same create revision, so
+        // same token and place). The new lease is revoked only when the move
+        // is known to have failed. If the outcome is unknown (an error, or
+        // this future dropped), the entry may already be bound to it, and
+        // revoking it would free the lock while the holder still counts on
+        // its old deadline; left alone, an unused lease lapses after its TTL.
         let (new_lease, _) = self.grant_lease(ttl).await?;
-        let revoke_new = RevokeOnDrop {
-            backend: Some(self.clone()),
-            lease_id: new_lease,
-        };
         let moved = Queue::move_to_lease(
             &located.entry,
             revision,
@@ -721,11 +725,9 @@ impl LockBackend for EtcdBackend {
             .await?
             .succeeded()
         {
-            revoke_new.now().await;
+            self.revoke_quietly(new_lease).await;
             return Err(not_held());
         }
-        let mut revoke_new = revoke_new;
-        revoke_new.disarm();
         if let Some(held) = located.held {
             *held.lease.lock().unwrap_or_else(|p| p.into_inner()) = (new_lease, secs);
             self.revoke_quietly(located.lease_id).await;
@@ -757,32 +759,51 @@ impl LockBackend for EtcdBackend {
 
     async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let namespace = self.inner.prefix.clone();
-        let resp = self
-            .call("list locks", |mut c| {
-                let namespace = namespace.clone();
-                async move {
-                    c.get(
-                        namespace,
-                        Some(GetOptions::new().with_prefix().with_keys_only()),
-                    )
-                    .await
-                }
-            })
-            .await?;
+        // Read in pages: one response for a whole busy namespace can exceed
+        // gRPC's message limit.
+        const PAGE: i64 = 1000;
+        let end = prefix_end(namespace.as_bytes());
+        let mut from = namespace.clone().into_bytes();
+        let mut kvs = Vec::new();
+        loop {
+            let resp = self
+                .call("list locks", |mut c| {
+                    let (from, end) = (from.clone(), end.clone());
+                    async move {
+                        let options = GetOptions::new()
+                            .with_range(end)
+                            .with_keys_only()
+                            .with_limit(PAGE);
+                        c.get(from, Some(options)).await
+                    }
+                })
+                .await?;
+            let page: Vec<(Vec<u8>, i64, i64)> = resp
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision(), kv.lease()))
+                .collect();
+            let Some((last, _, _)) = page.last() else {
+                break;
+            };
+            from = last.iter().copied().chain([0]).collect();
+            kvs.extend(page);
+            if !resp.more() {
+                break;
+            }
+        }
         // The head of each queue: its lowest create revision.
         let mut heads: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
-        for kv in resp.kvs() {
-            let Some(key) = queue::lock_key(&kv.key()[namespace.len()..]) else {
+        for (entry, create_revision, lease) in kvs {
+            let Some(key) = queue::lock_key(&entry[namespace.len()..]) else {
                 continue;
             };
             if !key.starts_with(prefix) {
                 continue;
             }
-            let head = heads
-                .entry(key)
-                .or_insert((kv.create_revision(), kv.lease()));
-            if kv.create_revision() < head.0 {
-                *head = (kv.create_revision(), kv.lease());
+            let head = heads.entry(key).or_insert((create_revision, lease));
+            if create_revision < head.0 {
+                *head = (create_revision, lease);
             }
         }
         let mut held = Vec::with_capacity(heads.len());
@@ -842,4 +863,17 @@ impl LockBackend for EtcdBackend {
             }
         }))
     }
+}
+
+/// The end of the key range holding every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff (or empty): to the end of the keyspace.
+    vec![0]
 }

@@ -60,3 +60,39 @@ async fn a_ttl_below_the_clusters_minimum_is_refused_and_leaves_nothing_held() {
         .expect("2 s is honoured");
     locker.release(lease).await.expect("release");
 }
+
+/// Extending with a shorter TTL keeps the grant on its lease (which then
+/// lives at least as long as the new deadline); a longer TTL moves it to a
+/// longer lease. The token stays the same and the lock stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_to_a_shorter_or_longer_ttl_keeps_the_lock() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    let key = format!(
+        "ttl-extend-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
+    let mut lease = locker
+        .try_acquire(&key, Duration::from_secs(6))
+        .await
+        .unwrap();
+    let token = lease.fencing_token();
+    for ttl in [2, 10, 4] {
+        locker
+            .extend(&mut lease, Duration::from_secs(ttl))
+            .await
+            .unwrap();
+        assert!(lease.remaining() <= Duration::from_secs(ttl));
+        assert_eq!(lease.fencing_token(), token);
+        assert!(matches!(
+            locker.try_acquire(&key, Duration::from_secs(2)).await,
+            Err(Error::Contended { .. })
+        ));
+    }
+    locker.release(lease).await.unwrap();
+}
