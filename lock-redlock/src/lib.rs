@@ -356,24 +356,31 @@ impl LockBackend for RedlockBackend {
                 .collect(),
         );
         let key = lease.key().as_str();
-        if tally.has_quorum() {
+        let lost = if tally.has_quorum() {
             // The majority must have answered while the lease still held:
             // after its deadline another owner may have taken the key.
-            return if lease.is_within_deadline() {
-                Ok(())
-            } else {
-                Err(Error::lost(key, LostReason::DeadlinePassed))
-            };
-        }
-        if tally.refused_by_majority_of_possible() {
-            return Err(Error::lost(key, LostReason::NotHeld));
-        }
-        // Not known to be lost: the earlier grant stands until its deadline,
-        // so the caller may retry until then.
-        Err(unavailable(
-            &self.inner.url,
-            tally.to_error("extend", &self.inner.endpoints),
-        ))
+            if lease.is_within_deadline() {
+                return Ok(());
+            }
+            LostReason::DeadlinePassed
+        } else if tally.refused_by_majority_of_possible() {
+            LostReason::NotHeld
+        } else {
+            // Not known to be lost: the earlier grant stands until its
+            // deadline, so the caller may retry until then.
+            return Err(unavailable(
+                &self.inner.url,
+                tally.to_error("extend", &self.inner.endpoints),
+            ));
+        };
+        // The nodes that did extend would block others for a whole TTL.
+        let extended: Vec<bool> = tally
+            .replies()
+            .iter()
+            .map(|r| matches!(r, Reply::Done(())))
+            .collect();
+        self.release_on(keys, owner, |i| extended[i]).await;
+        Err(Error::lost(key, lost))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -384,13 +391,18 @@ impl LockBackend for RedlockBackend {
             .nodes
             .ask_all(|mut c| async move { scripts::release(&mut c, keys, owner).await })
             .await;
-        if answers.iter().any(|a| matches!(a, Ok(true))) {
+        // Held means held by a majority: a grant left on a minority (after a
+        // lost extend, say) is not a lock, and releasing it reports that.
+        let deleted = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let unknown = answers.iter().filter(|a| a.is_err()).count();
+        let q = quorum(answers.len());
+        if deleted >= q {
             return Ok(());
         }
-        if answers.iter().all(|a| matches!(a, Ok(false))) {
+        if deleted + unknown < q {
             return Err(Error::lost(lease.key().as_str(), LostReason::NotHeld));
         }
-        // No node deleted it, and some did not answer: it may still be held there.
+        // Not enough answers to tell: it may still be held where none came.
         let tally: Tally<()> = Tally::new(
             answers
                 .into_iter()

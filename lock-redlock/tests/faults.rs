@@ -244,3 +244,36 @@ async fn tokens_keep_increasing_after_two_nodes_restart_empty() {
         lease.fencing_token()
     );
 }
+
+/// A grant that survives on a minority only (the majority lost it) is not a
+/// lock: extend reports it lost and clears the minority so it blocks nobody
+/// for a TTL, and release reports it lost too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_left_on_a_minority_is_lost_and_cleared() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    let (backend, locker) = connect(&nodes).await;
+    let key = "minority-left";
+    let lock = backend.redis_keys(key).lock;
+
+    let mut lease = locker.try_acquire(key, TTL).await.expect("grant");
+    for i in 0..3 {
+        nodes.node(i).cli(&["DEL", &lock]).expect("DEL");
+    }
+    match locker.extend(&mut lease, TTL).await {
+        Err(Error::Lost { .. }) => {}
+        other => panic!("extend with the grant on 2 of 5 nodes: expected lost, got {other:?}"),
+    }
+    assert!(
+        (0..5).all(|i| !holds(&nodes, &backend, i, key)),
+        "the extended minority was not cleared"
+    );
+
+    let lease = locker.try_acquire(key, TTL).await.expect("grant again");
+    for i in 0..3 {
+        nodes.node(i).cli(&["DEL", &lock]).expect("DEL");
+    }
+    match locker.release(lease).await {
+        Err(Error::Lost { .. }) => {}
+        other => panic!("release with the grant on 2 of 5 nodes: expected lost, got {other:?}"),
+    }
+}
