@@ -1,22 +1,31 @@
 //! Release wake-ups: ONE subscription connection per backend, shared by
 //! every waiter, subscribed to the release channels of the keys waited on.
 //!
-//! A waiter's future does nothing until it is first polled, which the wait
-//! loop does only after a contended attempt, so uncontended acquires cost no
-//! round trip. When polled it subscribes to the key's channel (once per key,
-//! however many waiters), then checks that the lock key still exists: a
-//! release between the contended attempt and the subscription is seen there
-//! instead of being missed. Anything that fails here (no RESP3, a dropped
-//! subscription connection) only leaves the waiter to lock-core's polling.
+//! A waiter registers when the wait loop asks for its future, but subscribes
+//! only when the future is first polled, which the loop does only after a
+//! contended attempt, so uncontended acquires cost no round trip. Once
+//! subscribed it checks that the lock key still exists: a release between the
+//! contended attempt and the subscription is seen there instead of being
+//! missed. Anything that fails here (no RESP3, a dropped subscription
+//! connection) only leaves the waiter to lock-core's polling.
+//!
+//! SUBSCRIBE and UNSUBSCRIBE are sent by a task of their own per channel,
+//! never by a waiter's future: the wait loop drops that future when its sleep
+//! ends, often before the server answers, and a subscription sent from it
+//! would then go unrecorded and never be undone. The task keeps the server's
+//! subscription in line with the waiters: on while any waits, off once none
+//! does. A waiter's next round registers before the task gets to run, so one
+//! acquire keeps its subscription across rounds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use lock_core::WakeUpFuture;
 use lock_redis_wire::RedisSettings;
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult};
-use tokio::sync::{Notify, OnceCell, mpsc};
+use tokio::sync::{Notify, OnceCell, mpsc, watch};
 
 use crate::connection::{Conn, manager_config};
 
@@ -33,17 +42,31 @@ struct Shared {
     settings: RedisSettings,
     /// The subscription connection, opened by the first waiter.
     connection: OnceCell<ConnectionManager>,
-    /// Waiters per channel.
+    /// Channels with waiters, or with a subscription still to undo.
     channels: Mutex<HashMap<String, Channel>>,
-    /// Serialises SUBSCRIBE and UNSUBSCRIBE, so that an unsubscription for
-    /// the last waiter of a key never overtakes the subscription of a new one.
-    changes: tokio::sync::Mutex<()>,
 }
 
 struct Channel {
+    /// Woken by each release message on the channel.
     notify: Arc<Notify>,
     waiters: usize,
-    subscribed: bool,
+    /// The server may hold a subscription: set before SUBSCRIBE goes out,
+    /// cleared only once UNSUBSCRIBE is answered.
+    on_server: bool,
+    /// What waiters may rely on; they wait here for a subscription's answer.
+    state: watch::Sender<Subscription>,
+    /// The channel's task runs; it looks at the waiters again before it ends.
+    syncing: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Subscription {
+    /// Not subscribed, or the answer is still to come.
+    Unconfirmed,
+    /// SUBSCRIBE answered: release messages arrive.
+    Confirmed,
+    /// SUBSCRIBE failed; the next waiter to be polled tries again.
+    Failed,
 }
 
 impl Wakeups {
@@ -64,7 +87,6 @@ impl Wakeups {
             settings: settings.clone(),
             connection: OnceCell::new(),
             channels: Mutex::new(HashMap::new()),
-            changes: tokio::sync::Mutex::new(()),
         };
         Wakeups {
             shared: Arc::new(shared),
@@ -79,14 +101,12 @@ impl Wakeups {
         lock_key: String,
         mut conn: Conn,
     ) -> WakeUpFuture {
-        let shared = self.shared.clone();
+        let waiter = Waiter::register(&self.shared, channel);
         Box::pin(async move {
-            let waiter = Waiter::register(&shared, channel);
             let notified = waiter.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Err(e) = shared.subscribe(&waiter.channel).await {
-                tracing::debug!(error = %e, "release subscription failed; waiting by polling");
+            if !waiter.subscribed().await {
                 return std::future::pending().await;
             }
             match redis::cmd("EXISTS")
@@ -103,46 +123,96 @@ impl Wakeups {
     }
 }
 
+/// The first delay before retrying a failed UNSUBSCRIBE (doubling up to
+/// [`UNSUBSCRIBE_RETRY_MAX`]): the connection reconnects meanwhile.
+const UNSUBSCRIBE_RETRY: Duration = Duration::from_millis(50);
+const UNSUBSCRIBE_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A channel task's next move.
+enum Step {
+    Subscribe,
+    Unsubscribe,
+}
+
+/// The task of one channel: subscribes while it has waiters, unsubscribes
+/// once it has none, until the server agrees with the waiters. Runs only
+/// while the channel's `syncing` is set, so one per channel at a time.
+async fn sync(shared: Weak<Shared>, channel: String) {
+    let mut retry = UNSUBSCRIBE_RETRY;
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let step = {
+            let mut channels = lock(&shared.channels);
+            // A syncing channel stays in the map until this task removes it.
+            let Some(c) = channels.get_mut(&channel) else {
+                return;
+            };
+            let state = *c.state.borrow();
+            if c.waiters > 0 {
+                if state != Subscription::Unconfirmed {
+                    c.syncing = false;
+                    return;
+                }
+                // Recorded before it is sent: from here it is undone one day.
+                c.on_server = true;
+                Step::Subscribe
+            } else if c.on_server {
+                // Waiters arriving now wait for the next SUBSCRIBE.
+                c.state.send_replace(Subscription::Unconfirmed);
+                Step::Unsubscribe
+            } else {
+                channels.remove(&channel);
+                return;
+            }
+        };
+        match step {
+            Step::Subscribe => {
+                let outcome = match shared.subscribe(&channel).await {
+                    Ok(()) => Subscription::Confirmed,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "release subscription failed; waiting by polling");
+                        Subscription::Failed
+                    }
+                };
+                if let Some(c) = lock(&shared.channels).get_mut(&channel) {
+                    c.state.send_replace(outcome);
+                }
+            }
+            Step::Unsubscribe => {
+                // No connection: nothing was ever sent, so nothing to undo.
+                let outcome = match shared.connection.get() {
+                    Some(conn) => conn.clone().unsubscribe(&channel).await,
+                    None => Ok(()),
+                };
+                match outcome {
+                    Ok(()) => {
+                        if let Some(c) = lock(&shared.channels).get_mut(&channel) {
+                            c.on_server = false;
+                        }
+                        retry = UNSUBSCRIBE_RETRY;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "unsubscribing from a release channel failed; retrying");
+                        drop(shared);
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(UNSUBSCRIBE_RETRY_MAX);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Shared {
     async fn subscribe(self: &Arc<Self>, channel: &str) -> RedisResult<()> {
-        let _change = self.changes.lock().await;
-        if lock(&self.channels)
-            .get(channel)
-            .is_some_and(|c| c.subscribed)
-        {
-            return Ok(());
-        }
         let mut conn = self
             .connection
             .get_or_try_init(|| self.open())
             .await?
             .clone();
-        conn.subscribe(channel).await?;
-        let still_waited = match lock(&self.channels).get_mut(channel) {
-            Some(c) => {
-                c.subscribed = true;
-                true
-            }
-            None => false,
-        };
-        if !still_waited {
-            // Every waiter left while the subscription was on its way.
-            conn.unsubscribe(channel).await?;
-        }
-        Ok(())
-    }
-
-    async fn unsubscribe(self: Arc<Self>, channel: String) {
-        let _change = self.changes.lock().await;
-        // A new waiter may have come for the same key meanwhile: keep it then.
-        if lock(&self.channels).contains_key(&channel) {
-            return;
-        }
-        if let Some(conn) = self.connection.get()
-            && let Err(e) = conn.clone().unsubscribe(&channel).await
-        {
-            tracing::debug!(error = %e, "unsubscribing from a release channel failed");
-        }
+        conn.subscribe(channel).await
     }
 
     /// Opens the subscription connection on the first server that answers,
@@ -191,7 +261,8 @@ async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo
     }
 }
 
-/// One waiter's registration; unregisters (and unsubscribes the last) on drop.
+/// One waiter's registration; the last to leave a channel has its
+/// subscription undone.
 struct Waiter {
     shared: Arc<Shared>,
     channel: String,
@@ -204,7 +275,9 @@ impl Waiter {
         let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
             notify: Arc::new(Notify::new()),
             waiters: 0,
-            subscribed: false,
+            on_server: false,
+            state: watch::channel(Subscription::Unconfirmed).0,
+            syncing: false,
         });
         entry.waiters += 1;
         let notify = entry.notify.clone();
@@ -214,24 +287,56 @@ impl Waiter {
             notify,
         }
     }
+
+    /// Whether release messages for the channel arrive, subscribing first if
+    /// needed (once, however many waiters).
+    async fn subscribed(&self) -> bool {
+        let mut state = {
+            let mut channels = lock(&self.shared.channels);
+            let Some(c) = channels.get_mut(&self.channel) else {
+                return false;
+            };
+            let now = *c.state.borrow();
+            match now {
+                Subscription::Confirmed => return true,
+                Subscription::Failed => {
+                    c.state.send_replace(Subscription::Unconfirmed);
+                }
+                Subscription::Unconfirmed => {}
+            }
+            if !c.syncing {
+                c.syncing = true;
+                tokio::spawn(sync(Arc::downgrade(&self.shared), self.channel.clone()));
+            }
+            c.state.subscribe()
+        };
+        matches!(
+            state
+                .wait_for(|s| *s != Subscription::Unconfirmed)
+                .await
+                .map(|s| *s),
+            Ok(Subscription::Confirmed)
+        )
+    }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
         let mut channels = lock(&self.shared.channels);
-        let Some(entry) = channels.get_mut(&self.channel) else {
+        let Some(c) = channels.get_mut(&self.channel) else {
             return;
         };
-        entry.waiters -= 1;
-        if entry.waiters > 0 {
+        c.waiters -= 1;
+        if c.waiters > 0 || c.syncing {
             return;
         }
-        let was_subscribed = entry.subscribed;
-        channels.remove(&self.channel);
-        drop(channels);
-        if was_subscribed && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let channel = std::mem::take(&mut self.channel);
-            runtime.spawn(self.shared.clone().unsubscribe(channel));
+        if !c.on_server {
+            channels.remove(&self.channel);
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // Spawned, not run here: the wait loop's next round registers
+            // first, and the task then finds the subscription still wanted.
+            c.syncing = true;
+            runtime.spawn(sync(Arc::downgrade(&self.shared), self.channel.clone()));
         }
     }
 }

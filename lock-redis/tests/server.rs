@@ -127,6 +127,138 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
     .expect("the release channel stayed subscribed after the waiters left");
 }
 
+/// A wait that ends while its SUBSCRIBE is still unanswered must not leave
+/// the channel subscribed: the server would then push every later release of
+/// that key to this client for nothing, one more channel per key ever waited on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_that_end_before_their_subscription_is_answered_leave_no_channel_subscribed() {
+    const KEYS: usize = 200;
+    let server = RedisServer::start().expect("start redis");
+    let holder = Locker::new(connect(&server).await);
+    let mut held = Vec::new();
+    for i in 0..KEYS {
+        held.push(
+            holder
+                .try_acquire(&format!("short/{i}"), TTL)
+                .await
+                .unwrap(),
+        );
+    }
+    let backend = connect(&server).await;
+    let locker = Locker::new(backend.clone()).with_options(LockerOptions {
+        backoff: Backoff {
+            initial: Duration::from_millis(2),
+            max: Duration::from_millis(4),
+        },
+        ..LockerOptions::default()
+    });
+    // A first wait opens the subscription connection while the server answers.
+    let warm_up = locker
+        .acquire("short/0", TTL, Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(warm_up, Err(Error::TimedOut { .. })),
+        "{warm_up:?}"
+    );
+    let mut waits = tokio::task::JoinSet::new();
+    for i in 0..KEYS {
+        let locker = locker.clone();
+        waits.spawn(async move {
+            locker
+                .acquire(&format!("short/{i}"), TTL, Duration::from_millis(30))
+                .await
+        });
+    }
+    // Stopping the server in bursts delays every reply past the waits' short
+    // sleeps, so waits end with their SUBSCRIBE sent and unanswered.
+    let mut ended = 0;
+    while ended < KEYS {
+        server.pause().unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        server.resume().unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        while let Some(outcome) = waits.try_join_next() {
+            match outcome.unwrap() {
+                Err(Error::TimedOut { .. }) => ended += 1,
+                other => panic!("a wait on a held key ended with {other:?}"),
+            }
+        }
+    }
+    assert!(
+        command_calls(&server, "subscribe") > 0,
+        "no wait subscribed: this test would prove nothing"
+    );
+
+    // Every waiter is gone; the backend (and its subscription connection) lives on.
+    let left = timeout(Duration::from_secs(20), async {
+        loop {
+            let channels = release_channels(&server);
+            if channels == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        left.is_ok(),
+        "{} release channels stay subscribed with no waiter left",
+        release_channels(&server)
+    );
+    drop(backend);
+}
+
+/// One acquire subscribes once, however many poll rounds its wait takes.
+#[tokio::test]
+async fn a_waiter_keeps_its_subscription_across_poll_rounds() {
+    let server = RedisServer::start().expect("start redis");
+    let locker = Locker::new(connect(&server).await).with_options(LockerOptions {
+        backoff: Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(10),
+        },
+        ..LockerOptions::default()
+    });
+    let _held = locker.try_acquire("rounds", TTL).await.unwrap();
+    let polled = locker
+        .acquire("rounds", TTL, Duration::from_millis(500))
+        .await;
+    assert!(matches!(polled, Err(Error::TimedOut { .. })), "{polled:?}");
+    let attempts = command_calls(&server, "evalsha");
+    assert!(
+        attempts > 20,
+        "only {attempts} attempts: too few rounds to tell"
+    );
+    assert_eq!(command_calls(&server, "subscribe"), 1);
+    timeout(Duration::from_secs(20), async {
+        while command_calls(&server, "unsubscribe") != 1 || release_channels(&server) != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the channel stayed subscribed after the wait");
+}
+
+fn release_channels(server: &RedisServer) -> usize {
+    server
+        .cli(&["PUBSUB", "CHANNELS", "lockkit:*"])
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+}
+
+/// How often the server ran `command`, from `INFO commandstats`.
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
 fn subscribers(server: &RedisServer) -> usize {
     server
         .cli(&["PUBSUB", "NUMSUB", "lockkit:{handoff}:released"])
