@@ -2,7 +2,9 @@
 //!
 //! One pub/sub connection per node, shared by every waiter of this backend.
 //! Each node's connection is driven by one task that subscribes a channel
-//! while somebody waits on it, reconnects after a failure and resubscribes.
+//! while somebody waits on it, and after a disconnection wakes every waiter
+//! (messages may have been missed) and reconnects and resubscribes while
+//! channels are still wanted.
 //! A message missed meanwhile costs the waiter latency, never liveness: the
 //! wait loop keeps polling with backoff.
 
@@ -144,6 +146,16 @@ fn lock(interest: &Mutex<Interest>) -> MutexGuard<'_, Interest> {
     interest.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Bumps every wanted channel: after a disconnection messages may have been
+/// missed, so each waiter attempts again rather than sleep out its backoff.
+fn wake_everyone(interest: &std::sync::Weak<Mutex<Interest>>) {
+    if let Some(interest) = interest.upgrade() {
+        for entry in lock(&interest).channels.values() {
+            entry.released.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
 /// Drives one node's pub/sub connection until the backend is dropped.
 async fn subscriber(
     client: redis::Client,
@@ -153,22 +165,36 @@ async fn subscriber(
 ) {
     let mut retry = Duration::from_millis(50);
     loop {
-        // Connect only when somebody waits: idle backends hold no pub/sub connection.
-        let first = match commands.recv().await {
+        // Connect only when somebody waits: idle backends hold no pub/sub
+        // connection. A new subscription connects at once; channels still
+        // wanted after a disconnection or a failed connect, after `retry`.
+        let wanted = match interest.upgrade() {
+            Some(i) => !lock(&i).channels.is_empty(),
             None => return,
-            Some(Command::Unsubscribe(_)) => continue,
-            Some(Command::Subscribe(channel, ack)) => (channel, ack),
+        };
+        let command = if wanted {
+            tokio::select! {
+                command = commands.recv() => Some(command),
+                () = tokio::time::sleep(retry) => None,
+            }
+        } else {
+            Some(commands.recv().await)
+        };
+        let first = match command {
+            Some(None) => return,
+            Some(Some(Command::Unsubscribe(_))) => continue,
+            Some(Some(Command::Subscribe(channel, ack))) => Some((channel, ack)),
+            None => None,
         };
         let pubsub = match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
             Ok(Ok(pubsub)) => pubsub,
             _ => {
+                // Dropping the acknowledgement tells the new waiter to poll.
                 drop(first);
-                tokio::time::sleep(retry).await;
                 retry = (retry * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
-        retry = Duration::from_millis(50);
         let (mut sink, mut messages) = pubsub.split();
         let wanted: Vec<String> = match interest.upgrade() {
             Some(i) => lock(&i).channels.keys().cloned().collect(),
@@ -178,8 +204,17 @@ async fn subscriber(
         for channel in wanted {
             healthy &= sink.subscribe(&channel).await.is_ok();
         }
-        if healthy && sink.subscribe(&first.0).await.is_ok() {
-            let _ = first.1.send(());
+        // A node that connects but refuses to subscribe is retried slowly.
+        retry = if healthy {
+            Duration::from_millis(50)
+        } else {
+            (retry * 2).min(Duration::from_secs(2))
+        };
+        if let Some((channel, ack)) = first
+            && healthy
+            && sink.subscribe(&channel).await.is_ok()
+        {
+            let _ = ack.send(());
         }
         while healthy {
             tokio::select! {
@@ -210,5 +245,43 @@ async fn subscriber(
                 },
             }
         }
+        wake_everyone(&interest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lock_testkit::RedisServer;
+    use tokio::time::timeout;
+
+    use super::*;
+
+    fn subscribers(server: &RedisServer, channel: &str) -> String {
+        let reply = server.cli(&["PUBSUB", "NUMSUB", channel]).unwrap();
+        reply.lines().nth(1).unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_disconnection_wakes_the_waiters_and_resubscribes_what_is_still_wanted() {
+        let server = RedisServer::start().expect("start redis");
+        let client = redis::Client::open(server.url()).unwrap();
+        let wakeups = Wakeups::start(vec![client], Duration::from_secs(5), Duration::from_secs(5));
+        let first = wakeups.on_release("ch".into()).await.expect("subscribed");
+        let second = wakeups.on_release("ch".into()).await.expect("subscribed");
+        assert_eq!(subscribers(&server, "ch"), "1");
+
+        server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
+        timeout(Duration::from_secs(5), first)
+            .await
+            .expect("the disconnection woke no waiter");
+        // `second` still waits: its channel comes back without a new subscriber.
+        timeout(Duration::from_secs(5), async {
+            while subscribers(&server, "ch") != "1" {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the channel was not resubscribed after the disconnection");
+        drop(second);
     }
 }
