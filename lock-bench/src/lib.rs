@@ -195,6 +195,27 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             }
             continue;
         }
+        // pgbench first: the backend's pool keeps its connections open afterwards,
+        // and the server's max_connections is shared.
+        let mut pg_bound_first = None;
+        if *name == "postgres" {
+            let tasks: Vec<usize> = plan
+                .tasks
+                .iter()
+                .copied()
+                .filter(|&t| t <= PG_MAX_TASKS)
+                .collect();
+            match pg_lab_database(&url).await {
+                Ok(lab) => {
+                    pg_bound_first =
+                        Some(pg_bound(&lab, &tasks, &plan, &progress, &options.out).await)
+                }
+                Err(e) => {
+                    report.subjects.push(Subject::failed(name, e));
+                    continue;
+                }
+            }
+        }
         let step = progress.step(format!("{name}: connecting"));
         let connected = connect(name, &url).await;
         drop(step);
@@ -252,10 +273,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
                 s.peer = Some("rslock (1 node)".into());
             }
             "postgres" => {
-                let lab = pg_lab_database(&url).await.unwrap_or_default();
-                report
-                    .bounds
-                    .push(pg_bound(&lab, &tasks, &plan, &progress, &options.out).await);
+                report.bounds.extend(pg_bound_first.take());
                 s.baseline = report.bounds.last().map(|b| b.name.clone());
                 s.peer = Some("rslock (1 node)".into());
                 if plan.tasks.iter().any(|&t| t > PG_MAX_TASKS) {
