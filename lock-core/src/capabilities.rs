@@ -184,10 +184,9 @@ pub enum Assumption {
     MajorityKeepsState,
     /// A majority of the cluster's members is up and keeps its log.
     ConsensusMajority,
-    /// The database keeps the sequence values it handed out: its WAL reaches
-    /// disk (fsync on) before a crash. An uncommitted `nextval` is flushed at
-    /// the next commit or within `wal_writer_delay`; a crash inside that window
-    /// can hand a token out again.
+    /// The database keeps committed data across crashes: fsync on, and a
+    /// synchronous commit flushes the WAL before it returns. Tokens drawn
+    /// from a sequence are flushed by such a commit before they are handed out.
     DurableDatabase,
 }
 
@@ -223,7 +222,7 @@ impl fmt::Display for Assumption {
                 "a majority of the cluster's members is up and keeps its log"
             }
             Assumption::DurableDatabase => {
-                "the database does not crash between handing out a sequence value and flushing its WAL (at the next commit, or within wal_writer_delay)"
+                "the database keeps committed data across crashes (fsync on, synchronous commit for the token's flush)"
             }
         })
     }

@@ -2,7 +2,8 @@
 -- `PostgresBackend::connect` creates it when missing; run it yourself when
 -- migrations are managed elsewhere, and connect with `create_schema=false`.
 CREATE SCHEMA IF NOT EXISTS "lockkit";
--- One row per lock name; holders lock the row, never update it.
+-- One row per lock name; holders lock the row, never update it. The row named ''
+-- (no lock key is empty) is reserved: the fencing tokens' WAL flush locks it FOR KEY SHARE.
 CREATE TABLE IF NOT EXISTS "lockkit"."locks" (name text PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now());
 -- Fencing tokens. CACHE 1 keeps values increasing across sessions.
 CREATE SEQUENCE IF NOT EXISTS "lockkit"."fencing_tokens" AS bigint MINVALUE 1 CACHE 1 NO CYCLE;

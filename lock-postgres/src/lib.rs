@@ -3,6 +3,7 @@
 mod config;
 mod errors;
 mod fence;
+mod flush;
 mod pool;
 mod sql;
 
@@ -30,6 +31,7 @@ pub use sql::SCHEMA_SQL;
 /// [`FenceTable`] names the same version.
 pub use sqlx;
 
+use flush::Flusher;
 use pool::{Connections, Pinned};
 use sql::{Statements, millis};
 
@@ -58,6 +60,8 @@ pub struct PostgresBackend {
 
 struct Inner {
     conns: Connections,
+    /// Makes each grant's fencing token durable before it is handed out.
+    flusher: Flusher,
     statements: Statements,
     capabilities: Capabilities,
     response_timeout: Duration,
@@ -139,6 +143,36 @@ impl PostgresBackend {
             .await?
             .map_err(|e| errors::backend("creating the schema failed", e))?;
         }
+        // A per-session cache hands each session its own block of values, so
+        // tokens of different sessions would interleave instead of increasing.
+        let cache = sqlx::query_scalar::<_, i64>(statements.cache)
+            .bind(options.names.schema())
+            .bind(options.names.sequence_name());
+        let cache = within(
+            options.response_timeout,
+            &conns.endpoint,
+            "the sequence check",
+            Box::pin(cache.fetch_optional(&mut first.conn)),
+        )
+        .await?
+        .map_err(|e| errors::connect(&conns.endpoint, e))?;
+        let sequence = options.names.sequence();
+        let problem = match cache {
+            Some(1) => None,
+            Some(n) => Some(format!(
+                "sequence {sequence} has CACHE {n}, so fencing tokens drawn by different sessions would not increase; run `ALTER SEQUENCE {sequence} CACHE 1`"
+            )),
+            None => Some(format!(
+                "{sequence} is not a sequence; fencing tokens need one: `CREATE SEQUENCE {sequence} AS bigint MINVALUE 1 CACHE 1 NO CYCLE`"
+            )),
+        };
+        if let Some(message) = problem {
+            return Err(Error::Backend {
+                backend: errors::BACKEND,
+                message,
+                source: None,
+            });
+        }
         conns.give_back(first);
         let capabilities = Capabilities::new(errors::BACKEND, SafetyModel::AcidTransaction)
             .with_fencing(FencingGuarantee::Strict, [Assumption::DurableDatabase])
@@ -153,6 +187,7 @@ impl PostgresBackend {
             });
         let inner = Inner {
             conns,
+            flusher: Flusher::default(),
             statements,
             capabilities,
             response_timeout: options.response_timeout,
@@ -227,7 +262,8 @@ impl PostgresBackend {
     }
 
     /// One grant: the row exists (autocommit), then the lock's transaction
-    /// locks it, waiting in the server up to `wait` or not at all.
+    /// locks it, waiting in the server up to `wait` or not at all, and draws
+    /// the token; the token is flushed to disk before the grant returns.
     async fn grant(&self, key: &LockKey, ttl: Duration, wait: Option<Duration>) -> Result<Grant> {
         let inner = &*self.inner;
         let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
@@ -253,7 +289,6 @@ impl PostgresBackend {
             within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin))
                 .await?
                 .map_err(|e| errors::connect(endpoint, e))?;
-            let sent = Instant::now();
             let statement = if wait.is_some() {
                 &inner.statements.lock_wait
             } else {
@@ -271,27 +306,37 @@ impl PostgresBackend {
             .await?
             {
                 Ok(Some(token)) => {
-                    // The server's TTL clock (its idle timer) starts when the grant's last
-                    // statement completes. After a wait in the queue that is long after
-                    // `sent`, so one more statement restarts the clock after a known instant.
-                    let sent = match wait {
-                        None => sent,
-                        Some(_) => {
-                            let sent = Instant::now();
-                            let refresh =
-                                sqlx::query_scalar::<_, Option<bool>>(&inner.statements.extend)
-                                    .bind(millis(ttl).to_string())
-                                    .fetch_one(&mut *conn);
-                            match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await?
-                            {
-                                Ok(Some(true)) => sent,
-                                Ok(_) => {
-                                    return Err(Error::lost(key.as_str(), LostReason::NotHeld));
-                                }
-                                Err(e) => return Err(errors::connect(endpoint, e)),
-                            }
-                        }
-                    };
+                    // The token was drawn by `nextval` in the holder's transaction, after the
+                    // row lock, so tokens follow the order in which grants lock the row; drawn
+                    // anywhere else (in the flush below, say), a grant that locked the row later
+                    // could draw a smaller token. But that transaction never commits, so nothing
+                    // has flushed the sequence's WAL record: a crash now could recover the
+                    // sequence to an older value and hand the token out again. The flush commits,
+                    // on another connection, a transaction whose commit record follows the token's
+                    // record in the WAL, and waits until it is on disk.
+                    if let Err(e) = inner
+                        .flusher
+                        .flush(&inner.conns, &inner.statements.flush, rt)
+                        .await
+                    {
+                        inner.conns.roll_back_and_give_back(pinned, rt).await;
+                        return Err(e);
+                    }
+                    // One more statement in the holder's transaction, which drew the token: its
+                    // reply proves no crash came between the token and the flush (a crash ends
+                    // every session), so the flush was of the same WAL. It also restarts the
+                    // server's TTL clock (the session's idle timer) after a known instant,
+                    // which otherwise started when the row lock was granted: after the flush,
+                    // and after any wait in the server's queue.
+                    let sent = Instant::now();
+                    let refresh = sqlx::query_scalar::<_, Option<bool>>(&inner.statements.extend)
+                        .bind(millis(ttl).to_string())
+                        .fetch_one(&mut *conn);
+                    match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await? {
+                        Ok(Some(true)) => {}
+                        Ok(_) => return Err(Error::lost(key.as_str(), LostReason::NotHeld)),
+                        Err(e) => return Err(errors::connect(endpoint, e)),
+                    }
                     let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
                     let state: Arc<dyn Any + Send + Sync> = Arc::new(HeldLock {
                         slot: Arc::new(Mutex::new(Some(pinned))),
@@ -369,8 +414,9 @@ impl LockBackend for PostgresBackend {
     }
 
     /// Waits in the server: `SELECT ... FOR UPDATE` without NOWAIT, with
-    /// `lock_timeout` set to the time left, then one cheap statement whose
-    /// send time starts the deadline (the server's TTL clock starts after it). The server queues waiters and
+    /// `lock_timeout` set to the time left; the statement that follows the
+    /// token's flush restarts the server's TTL clock, and its send time starts
+    /// the deadline. The server queues waiters and
     /// wakes exactly the next one when the holder's transaction ends, so
     /// there is no herd and no polling delay; LISTEN/NOTIFY would wake every
     /// waiter to race for the row and still need polling for holders ended

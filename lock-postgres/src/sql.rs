@@ -99,6 +99,7 @@ pub(crate) struct Statements {
     pub insert: String,
     /// Locks the row without waiting, then draws the token: `nextval` runs
     /// only once the row is locked, so tokens follow the order of grants.
+    /// The token is not durable until a flush follows (see `flush.rs`).
     pub lock_nowait: String,
     /// The same, waiting in the server's lock queue up to `lock_timeout`.
     pub lock_wait: String,
@@ -106,10 +107,15 @@ pub(crate) struct Statements {
     pub extend: String,
     /// The server process holding a key's row lock.
     pub holder_pid: String,
-    /// The keys under a prefix whose rows are locked now.
+    /// The keys under a prefix whose rows are locked now (not the flush's row).
     pub held: String,
+    /// Flushes the WAL up to a commit of its own, so up to every record
+    /// written before it (see `flush.rs`). One round trip, simple protocol.
+    pub flush: String,
     /// Whether the table and the sequence exist.
     pub exists: &'static str,
+    /// The sequence's CACHE (by schema and name), no row if it is not a sequence.
+    pub cache: &'static str,
     /// Creates them under an advisory lock, so concurrent first connects do not race.
     pub create: String,
 }
@@ -129,15 +135,21 @@ impl Statements {
             extend: format!(
                 "SELECT current_setting('{HELD_MARK}', true) = 'on', set_config('idle_in_transaction_session_timeout', $1, true)"
             ),
+            flush: format!(
+                "BEGIN; SET LOCAL synchronous_commit = on; \
+                 INSERT INTO {table} (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
+                 SELECT 1 FROM {table} WHERE name = '' FOR KEY SHARE; COMMIT;"
+            ),
             holder_pid: format!(
                 "SELECT l.pid FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
                  AND l.mode = 'ExclusiveLock' AND l.granted WHERE k.name = $1"
             ),
             held: format!(
                 "SELECT k.name FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
-                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 ORDER BY k.name"
+                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> '' ORDER BY k.name"
             ),
             exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+            cache: "SELECT cache_size FROM pg_catalog.pg_sequences WHERE schemaname = $1 AND sequencename = $2",
             // A fixed advisory key: any lockkit process creating any schema serialises here, briefly, once.
             create: format!(
                 "BEGIN; SELECT pg_advisory_xact_lock(7236120351244620127); {} COMMIT;",

@@ -368,3 +368,110 @@ async fn held_locks_are_listed_and_the_url_password_never_shown() {
         "{err}"
     );
 }
+
+/// A schema of this test's own, with its own table, sequence and reserved row.
+fn own_schema() -> String {
+    format!("pgtest_{:016x}", getrandom::u64().expect("random"))
+}
+
+async fn drop_schema(conn: &mut PgConnection, schema: &str) {
+    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_with_a_session_cache_is_refused() {
+    let Some((url, _)) = setup("").await else {
+        return;
+    };
+    let schema = own_schema();
+    let own = format!("{url}?schema={schema}");
+    let mut admin = plain(&url).await;
+    PostgresBackend::connect(&own)
+        .await
+        .expect("creates the schema");
+    let sequence = format!("\"{schema}\".\"fencing_tokens\"");
+    sqlx::raw_sql(&format!("ALTER SEQUENCE {sequence} CACHE 20"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let refused = PostgresBackend::connect(&own).await.map(|_| ());
+    sqlx::raw_sql(&format!("ALTER SEQUENCE {sequence} CACHE 1"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let accepted = PostgresBackend::connect(&own).await.map(|_| ());
+    // Not a sequence at all: a table under the sequence's name.
+    sqlx::raw_sql(&format!(
+        "DROP SEQUENCE {sequence}; CREATE TABLE {sequence} (x int)"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let not_a_sequence = PostgresBackend::connect(&own).await.map(|_| ());
+    drop_schema(&mut admin, &schema).await;
+
+    let err = refused.expect_err("a sequence with CACHE 20 was accepted");
+    let message = err.to_string();
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    assert!(
+        message.contains(&sequence)
+            && message.contains("CACHE 20")
+            && message.contains(&format!("ALTER SEQUENCE {sequence} CACHE 1")),
+        "{message}"
+    );
+    accepted.expect("CACHE 1 is accepted");
+    let err = not_a_sequence.expect_err("a table was accepted as the sequence");
+    assert!(err.to_string().contains("is not a sequence"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
+    let Some((url, _)) = setup("").await else {
+        return;
+    };
+    let schema = own_schema();
+    let backend =
+        PostgresBackend::connect(&format!("{url}?schema={schema}&response_timeout_ms=500"))
+            .await
+            .unwrap();
+    let locker = Locker::new(backend.clone());
+    let key = format!("{}flush", prefix());
+    let lease = locker
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
+    locker.release(lease).await.unwrap();
+
+    // Another session locks the flush's reserved row (name '') against it.
+    let mut blocker = plain(&url).await;
+    sqlx::raw_sql(&format!(
+        "BEGIN; SELECT 1 FROM \"{schema}\".locks WHERE name = '' FOR UPDATE"
+    ))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let failed = timeout(LIMIT, locker.try_acquire(&key, Duration::from_secs(30)))
+        .await
+        .expect("the grant hung");
+    let holder = backend.holder_pid(&key).await.unwrap();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let next = locker
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .map(|lease| lease.fencing_token());
+    drop_schema(&mut blocker, &schema).await;
+
+    let err = failed.expect_err("a token was handed out without its flush");
+    assert!(
+        !matches!(err, Error::Contended { .. }) && err.to_string().contains("flush"),
+        "{err}"
+    );
+    assert_eq!(holder, None, "the failed grant kept the row locked");
+    next.expect("granted once the flush could run again");
+}

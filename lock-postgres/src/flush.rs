@@ -1,0 +1,133 @@
+//! Making fencing tokens durable before they are handed out.
+//!
+//! `nextval` runs in the holder's transaction, which never commits, so
+//! nothing waits for the sequence's WAL record to reach disk; a server crash
+//! before some later flush would recover the sequence to an older value and
+//! hand the same token out again. A transaction that writes WAL and commits
+//! with `synchronous_commit = on` waits until the WAL is on disk up to its
+//! commit record, and so every record written before it, the token's included.
+//!
+//! The transaction must write WAL itself: PostgreSQL commits a transaction
+//! that wrote none asynchronously whatever `synchronous_commit` says, even
+//! with an xid (`txid_current()` alone flushes nothing). So it locks a
+//! reserved row `FOR KEY SHARE`, which is WAL-logged, conflicts with no other
+//! flush and leaves no dead row behind. The row's name is the empty string,
+//! which no lock key can be; the statement inserts it first if it is missing.
+
+use std::sync::{Mutex as SyncMutex, MutexGuard};
+use std::time::Duration;
+
+use lock_core::{Error, Result};
+use sqlx::postgres::PgConnection;
+use tokio::sync::Mutex;
+
+use crate::{errors, pool::Connections, simple};
+
+/// Runs flushes on one connection of its own (outside the budget of held
+/// locks), one at a time; callers that arrive while one runs share the next.
+#[derive(Default)]
+pub(crate) struct Flusher {
+    conn: Mutex<Option<PgConnection>>,
+    counts: SyncMutex<Counts>,
+}
+
+/// Flushes are numbered in the order they start.
+#[derive(Default)]
+struct Counts {
+    /// The number the next flush will take.
+    next: u64,
+    /// The highest number of a flush that committed.
+    done: Option<u64>,
+    /// The number of the last flush that failed, and why.
+    failed: Option<(u64, String)>,
+}
+
+impl Flusher {
+    fn counts(&self) -> MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns once a flush that started after this call began has
+    /// committed: whatever the server wrote to its WAL before this call is
+    /// then on disk. Fails if the flush meant to cover this call failed.
+    /// `sql` is [`Statements::flush`](crate::sql::Statements).
+    pub(crate) async fn flush(
+        &self,
+        conns: &Connections,
+        sql: &str,
+        limit: Duration,
+    ) -> Result<()> {
+        let need = self.counts().next;
+        let mut slot = self.conn.lock().await;
+        let number = {
+            let mut counts = self.counts();
+            if counts.done.is_some_and(|done| done >= need) {
+                return Ok(());
+            }
+            if let Some((failed, reason)) = &counts.failed
+                && *failed >= need
+            {
+                return Err(Error::Unavailable {
+                    backend: errors::BACKEND,
+                    endpoint: conns.endpoint.clone(),
+                    reason: format!("the fencing token's WAL flush failed: {reason}"),
+                    source: None,
+                });
+            }
+            counts.next += 1;
+            counts.next - 1
+        };
+        let outcome = self.run(&mut slot, conns, sql, limit).await;
+        let mut counts = self.counts();
+        match &outcome {
+            Ok(()) => counts.done = Some(counts.done.map_or(number, |d| d.max(number))),
+            Err(e) => counts.failed = Some((number, e.to_string())),
+        }
+        outcome
+    }
+
+    async fn run(
+        &self,
+        slot: &mut Option<PgConnection>,
+        conns: &Connections,
+        sql: &str,
+        limit: Duration,
+    ) -> Result<()> {
+        loop {
+            let reused = slot.is_some();
+            let mut conn = match slot.take() {
+                Some(conn) => conn,
+                None => conns.open().await?,
+            };
+            // Any failure drops the connection: it may be mid-reply or inside the transaction.
+            match tokio::time::timeout(limit, simple(&mut conn, sql)).await {
+                // The row was inserted or locked, so the transaction wrote WAL.
+                Ok(Ok(done)) if done.rows_affected() >= 1 => {
+                    *slot = Some(conn);
+                    return Ok(());
+                }
+                Ok(Ok(_)) => {
+                    return Err(Error::Backend {
+                        backend: errors::BACKEND,
+                        message: "the fencing token's WAL flush found its reserved row (name '') neither present nor insertable; is something deleting rows?".into(),
+                        source: None,
+                    });
+                }
+                // The connection may have died since its last use: retry once on a new one.
+                Ok(Err(e)) if reused && errors::is_connection_lost(&e) => continue,
+                Ok(Err(e)) if errors::is_connection_lost(&e) => {
+                    return Err(errors::connect(&conns.endpoint, e));
+                }
+                Ok(Err(e)) => {
+                    return Err(errors::backend("the fencing token's WAL flush failed", e));
+                }
+                Err(_) => {
+                    return Err(errors::timed_out(
+                        &conns.endpoint,
+                        "the fencing token's WAL flush",
+                    ));
+                }
+            }
+        }
+    }
+}
