@@ -264,8 +264,11 @@ start_postgres() {
         --encoding=UTF8 --locale=C --no-sync >"$(log_file postgres-initdb)" 2>&1 ||
         { tail -n 30 "$(log_file postgres-initdb)" >&2; die "initdb failed"; }
     # setpriv execs (runuser would fork and wait), so $! is the postmaster.
+    # Every held lock pins a connection, and the suite, the lab and pgbench
+    # share this server: room for several hundred clients.
     start_bg postgres setpriv --reuid=postgres --regid=postgres --init-groups -- \
-        "$PG_BIN/postgres" -D "$data" -p "$PG_PORT" -k "$sock" -c listen_addresses=$HOST
+        "$PG_BIN/postgres" -D "$data" -p "$PG_PORT" -k "$sock" -c listen_addresses=$HOST \
+        -c max_connections=400
 }
 
 cluster_ok() {
