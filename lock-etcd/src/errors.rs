@@ -11,13 +11,29 @@ use lock_core::Error;
 /// gRPC status codes (stable across gRPC implementations).
 mod code {
     pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
     pub const INVALID_ARGUMENT: i32 = 3;
     pub const DEADLINE_EXCEEDED: i32 = 4;
     pub const NOT_FOUND: i32 = 5;
     pub const PERMISSION_DENIED: i32 = 7;
     pub const FAILED_PRECONDITION: i32 = 9;
+    pub const INTERNAL: i32 = 13;
     pub const UNAVAILABLE: i32 = 14;
     pub const UNAUTHENTICATED: i32 = 16;
+}
+
+/// True for the messages of a connection that broke under a request.
+fn is_broken_connection(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    [
+        "transport",
+        "connection",
+        "broken pipe",
+        "h2 protocol",
+        "stream",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }
 
 /// Where the cluster is, for error messages (never with a password).
@@ -46,6 +62,13 @@ impl Endpoint {
                 let message = status.message().to_owned();
                 match i32::from(status.code()) {
                     code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::CANCELLED => {
+                        self.unavailable(format!("{what}: {message}"), Some(e))
+                    }
+                    // A connection that broke mid-request (a member killed,
+                    // say) surfaces as an unknown or internal status: the
+                    // request may not have been applied, and another member
+                    // may take the retry.
+                    code::UNKNOWN | code::INTERNAL if is_broken_connection(&message) => {
                         self.unavailable(format!("{what}: {message}"), Some(e))
                     }
                     code::UNAUTHENTICATED | code::PERMISSION_DENIED => self.auth(what, &message),

@@ -30,8 +30,11 @@ async fn with_one_member_killed_locks_still_work() {
     let cluster = cluster().await;
     let (_backend, locker) = locker(&cluster, "request_timeout_ms=2000").await;
     assert_eq!(locker.capabilities().tolerated_server_failures, 1);
+    // Long enough that a renewal stuck behind the election (up to one
+    // request timeout) still lands before the deadline on a slow machine.
+    let guard_ttl = Duration::from_secs(8);
     let guard = locker
-        .guard("survivor", GuardOptions::new(Duration::from_secs(3)))
+        .guard("survivor", GuardOptions::new(guard_ttl))
         .await
         .expect("guard");
     let before = guard.fencing_token();
@@ -39,6 +42,7 @@ async fn with_one_member_killed_locks_still_work() {
     // Kill the leader: the hardest member to lose (a new election follows).
     let leader = cluster.leader_index().expect("a leader");
     cluster.member(leader).kill().expect("kill the leader");
+    let killed_at = tokio::time::Instant::now();
 
     // Waiting absorbs the election; afterwards everything works on two members.
     let lease = locker
@@ -56,13 +60,19 @@ async fn with_one_member_killed_locks_still_work() {
     let again = locker.try_acquire("other", TTL).await.expect("reacquire");
     locker.release(again).await.expect("release again");
 
-    // The guard taken before the kill renewed through the election.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(
-        guard.lost_reason(),
-        None,
-        "the guard lost its lock to a minority failure"
-    );
+    // The guard taken before the kill renews through the election: wait for
+    // a deadline that only a renewal sent after the kill can give.
+    let renewed_after_kill = killed_at + guard_ttl - Duration::from_millis(200);
+    let lost = guard.lost();
+    tokio::select! {
+        reason = lost => panic!("the guard lost its lock to a minority failure: {reason:?}"),
+        () = async {
+            while guard.deadline() < renewed_after_kill {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } => {}
+        () = tokio::time::sleep(Duration::from_secs(60)) => panic!("the guard never renewed after the kill"),
+    }
     guard.release().await.expect("release the guard");
 }
 
