@@ -479,6 +479,12 @@ async fn pg_lab_database(url: &str) -> Result<String, String> {
             .map_err(|e| format!("CREATE DATABASE {PG_DATABASE}: {e}"))?;
     }
     pool.close().await;
+    // The backend creates its schema at connect; pgbench, which runs first,
+    // needs it too.
+    let schema = lockkit::connect(&lab)
+        .await
+        .map_err(|e| format!("creating the lock schema in {PG_DATABASE}: {e}"))?;
+    drop(schema);
     Ok(lab)
 }
 
