@@ -42,7 +42,7 @@ enum Cmd {
         /// Only cells whose "backend/fault" contains this.
         #[arg(long)]
         only: Option<String>,
-        /// Report folder (default target/lockkit-faults/<run id>).
+        /// Report folder (default `target/lockkit-faults/<run id>`).
         #[arg(long)]
         out: Option<PathBuf>,
         /// Also write the decision-matrix section here (docs/faults/decision-matrix.md).
