@@ -24,7 +24,7 @@ pub struct Uncontended {
     pub pairs_per_s: f64,
     /// Latency of the acquire alone.
     pub acquire: Latency,
-    /// The acquire latency distribution at [`crate::stats::CURVE`], µs.
+    /// The acquire latency distribution at the percentiles of `stats::CURVE`, µs.
     pub acquire_curve_us: Vec<f64>,
     /// Failed operations (and the first error).
     pub errors: u64,
@@ -43,7 +43,7 @@ pub struct Contended {
     pub grants_per_s: f64,
     /// Time from the start of a release to the next holder's grant.
     pub handoff: Latency,
-    /// The handoff distribution at [`crate::stats::CURVE`], µs.
+    /// The handoff distribution at the percentiles of `stats::CURVE`, µs.
     pub handoff_curve_us: Vec<f64>,
     /// Server-side operations per grant (see `counted`).
     pub server_ops_per_handoff: Option<f64>,
