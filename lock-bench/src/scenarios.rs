@@ -143,23 +143,7 @@ pub async fn uncontended(
             })
         })
         .collect();
-    let (mut all, mut pairs, mut errors, mut first_error) = (Vec::new(), 0, 0, None);
-    for h in handles {
-        match h.await {
-            Ok((lat, done, e, f)) => {
-                all.extend(lat);
-                pairs += done;
-                errors += e;
-                if first_error.is_none() {
-                    first_error = f;
-                }
-            }
-            Err(e) => {
-                errors += 1;
-                first_error.get_or_insert(format!("task failed: {e}"));
-            }
-        }
-    }
+    let (mut all, pairs, errors, first_error) = gather(handles).await;
     let seconds = started.elapsed().as_secs_f64();
     let (acquire, acquire_curve_us) = Latency::of(&mut all);
     Uncontended {
@@ -171,6 +155,33 @@ pub async fn uncontended(
         errors,
         first_error,
     }
+}
+
+/// What one measuring task returns: its samples, its successes, its errors
+/// and the first of them.
+type TaskOutcome<S> = (Vec<S>, u64, u64, Option<String>);
+
+/// Joins the measuring tasks and adds up what they return; a task that
+/// panicked counts as one error.
+async fn gather<S>(handles: Vec<tokio::task::JoinHandle<TaskOutcome<S>>>) -> TaskOutcome<S> {
+    let (mut samples, mut done, mut errors, mut first_error) = (Vec::new(), 0, 0, None);
+    for h in handles {
+        match h.await {
+            Ok((s, n, e, f)) => {
+                samples.extend(s);
+                done += n;
+                errors += e;
+                if first_error.is_none() {
+                    first_error = f;
+                }
+            }
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert(format!("task failed: {e}"));
+            }
+        }
+    }
+    (samples, done, errors, first_error)
 }
 
 /// `waiters` tasks on one key for `phase`; server operations counted by `counter`.
@@ -223,23 +234,7 @@ pub async fn contended(
         .collect();
     tokio::time::sleep(phase).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut gaps, mut grants, mut errors, mut first_error) = (Vec::new(), 0, 0, None);
-    for h in handles {
-        match h.await {
-            Ok((g, n, e, f)) => {
-                gaps.extend(g);
-                grants += n;
-                errors += e;
-                if first_error.is_none() {
-                    first_error = f;
-                }
-            }
-            Err(e) => {
-                errors += 1;
-                first_error.get_or_insert(format!("task failed: {e}"));
-            }
-        }
-    }
+    let (mut gaps, grants, errors, first_error) = gather(handles).await;
     let seconds = started.elapsed().as_secs_f64();
     let after = counter.snapshot().await;
     let server_ops = Counter::delta(&before, &after);
