@@ -21,6 +21,7 @@ use lock_core::{Error, Result};
 pub const DEFAULT_PREFIX: &str = "lockkit:";
 
 const COUNTER_SUFFIX: &str = ":fence";
+/// Also written in [`BATCH_LUA`](crate::scripts::BATCH_LUA), which publishes on it.
 const CHANNEL_SUFFIX: &str = ":released";
 
 /// Names every lock key under one prefix.

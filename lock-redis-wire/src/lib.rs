@@ -1,11 +1,13 @@
 #![doc = include_str!("../README.md")]
 
+pub mod batch;
 pub mod config;
 pub mod errors;
 pub mod keys;
 pub mod scripts;
 
+pub use batch::{Batcher, Claim};
 pub use config::{RedisSettings, Timeouts};
 pub use errors::map_error;
 pub use keys::{KeyLayout, LockKeys};
-pub use scripts::{AcquireReply, Scripts};
+pub use scripts::{AcquireReply, Scripts, TokenRule};

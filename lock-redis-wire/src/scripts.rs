@@ -30,49 +30,81 @@ use std::time::Duration;
 
 use lock_core::{FencingToken, OwnerToken};
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisError, RedisResult, Script};
+use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
-/// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms,
-/// `ARGV[3]` how long to keep a counter that tracks the clock, in ms,
-/// `ARGV[4]` = `clock-floor` or `counter-first` (see [`acquire_for_quorum`]).
-/// Returns one integer, cheaper to parse than an array: the fencing token
-/// (at least 1) when granted; when held, `-1 - remaining TTL in ms`, or `0`
-/// when the key has no TTL.
+/// Acquires and releases, any number of them, in order, in one call: how
+/// the backends send them (see [`crate::batch`]); a single acquire or
+/// release is a batch of one.
 ///
-/// On the common path the counter is written once, with `SET ... GET`, which
-/// reads the old value in the same call: the script makes three calls in all.
-pub const ACQUIRE_LUA: &str = r#"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return -1 - redis.call('PTTL', KEYS[1])
+/// `ARGV[1]` says how tokens are taken: `clock-floor` or `counter-first`
+/// (see [`acquire_for_quorum`]). Then each operation has two arguments and
+/// one or two keys, in order:
+/// - acquire: `ARGV` TTL in ms, owner token; `KEYS` lock, counter;
+/// - release: `ARGV` `R`, owner token; `KEYS` lock. The release is
+///   published on the lock's channel, its key followed by `:released`.
+///
+/// Returns one integer per operation, in an array (a batch of one: the
+/// integer alone, which is cheaper for the server to send). Acquire: the
+/// fencing token (at least 1) when granted; when held, `-1 - remaining TTL
+/// in ms`, or `0` when the key has no TTL. Release: 1 when the owner's grant
+/// was deleted (and the release published), 0 when the owner did not hold it.
+///
+/// A granted acquire makes three calls on the common path: `SET NX PX`,
+/// `TIME` (once per batch) and `SET ... GET` on the counter, which reads the
+/// old value in the same call. A batch grants a key at most once (its
+/// holder must see the grant before releasing it), and batches run one after
+/// another for well over a microsecond, so one clock reading serves a batch.
+pub const BATCH_LUA: &str = r#"
+local counter_first = ARGV[1] == 'counter-first'
+local now, now_text
+local out, n, k = {}, 0, 1
+for a = 2, #ARGV, 2 do
+  local what, owner, lock = ARGV[a], ARGV[a + 1], KEYS[k]
+  local answer
+  if what == 'R' then
+    k = k + 1
+    answer = 0
+    if redis.call('GET', lock) == owner then
+      redis.call('DEL', lock)
+      redis.call('PUBLISH', lock .. ':released', 'released')
+      answer = 1
+    end
+  else
+    local counter = KEYS[k + 1]
+    k = k + 2
+    if not redis.call('SET', lock, owner, 'NX', 'PX', what) then
+      answer = -1 - redis.call('PTTL', lock)
+    else
+      answer = 1
+      if counter_first then
+        -- 1: there was no counter; seed it from the clock below.
+        answer = redis.call('INCR', counter)
+      end
+      if answer == 1 then
+        if not now then
+          local t = redis.call('TIME')
+          now = t[1] * 1000000 + t[2]
+          now_text = t[1] .. string.sub('00000' .. t[2], -6)
+        end
+        -- Keep a counter that tracks the clock for the TTL plus one second.
+        local keep = what + 1000
+        local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
+        if old and old >= now then
+          -- The counter is ahead of the clock (a write-back, or a grant in the same
+          -- microsecond): stay above it, and keep it until the clock has passed it.
+          answer = old + 1
+          redis.call('SET', counter, string.format('%.0f', answer), 'PX', keep + math.floor((answer - now) / 1000))
+        else
+          answer = now
+        end
+      end
+    end
+  end
+  n = n + 1
+  out[n] = answer
 end
-if ARGV[4] == 'counter-first' then
-  local token = redis.call('INCR', KEYS[2])
-  -- 1: there was no counter; seed it from the clock below.
-  if token > 1 then return token end
-end
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local old = tonumber(redis.call('SET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6), 'PX', ARGV[3], 'GET'))
-if old and old >= now then
-  -- The counter is ahead of the clock (a write-back, or a grant in the same microsecond): stay above it,
-  -- and keep it until the clock has passed it.
-  local token = old + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3] + math.floor((token - now) / 1000))
-  return token
-end
-return now
-"#;
-
-/// `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]` release channel.
-/// Deletes the grant only if `ARGV[1]` holds it, then publishes on the channel.
-/// Returns 1 when deleted, 0 when the owner did not hold it.
-pub const RELEASE_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
-  return 1
-end
-return 0
+if n == 1 then return out[1] end
+return out
 "#;
 
 /// `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
@@ -97,19 +129,14 @@ redis.call('SET', KEYS[1], string.format('%.0f', value), 'PX', keep)
 return value
 "#;
 
-/// A counter that tracks the clock is kept this long beyond the lock's TTL.
-const COUNTER_SLACK_MS: u64 = 1000;
-
 /// The largest counter value the scripts handle exactly (Lua numbers are doubles).
 pub const MAX_COUNTER: u64 = (1 << 53) - 1;
 
-/// The four scripts, hashed once.
+/// The three scripts, hashed once.
 #[derive(Debug)]
 pub struct Scripts {
-    /// [`ACQUIRE_LUA`].
-    pub acquire: Script,
-    /// [`RELEASE_LUA`].
-    pub release: Script,
+    /// [`BATCH_LUA`]: acquires and releases.
+    pub batch: Script,
     /// [`EXTEND_LUA`].
     pub extend: Script,
     /// [`WRITE_BACK_LUA`].
@@ -117,8 +144,7 @@ pub struct Scripts {
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(ACQUIRE_LUA),
-    release: Script::new(RELEASE_LUA),
+    batch: Script::new(BATCH_LUA),
     extend: Script::new(EXTEND_LUA),
     write_back: Script::new(WRITE_BACK_LUA),
 });
@@ -127,6 +153,48 @@ impl Scripts {
     /// The scripts, with their SHA1 hashes (`get_hash()`) for `EVALSHA`.
     pub fn get() -> &'static Scripts {
         &SCRIPTS
+    }
+}
+
+/// How a grant takes its fencing token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRule {
+    /// `max(counter + 1, server clock in µs)`: survives a lost or stale
+    /// counter on one server (see the module docs).
+    ClockFloor,
+    /// `counter + 1`, seeding a missing counter from the clock: for quorum
+    /// fencing (see [`acquire_for_quorum`]).
+    CounterFirst,
+}
+
+impl TokenRule {
+    /// The script's `ARGV[1]`.
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            TokenRule::ClockFloor => "clock-floor",
+            TokenRule::CounterFirst => "counter-first",
+        }
+    }
+}
+
+/// What one operation of a batch asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `SET NX PX` for this many milliseconds and, when granted, a token.
+    Acquire {
+        /// The TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// Compare-and-delete, then publish the release.
+    Release,
+}
+
+impl Operation {
+    /// An acquire for `ttl`.
+    pub fn acquire(ttl: Duration) -> Operation {
+        Operation::Acquire {
+            ttl_ms: millis(ttl),
+        }
     }
 }
 
@@ -139,9 +207,86 @@ pub enum AcquireReply {
     Contended(Option<Duration>),
 }
 
+impl AcquireReply {
+    /// Reads the acquire's integer in a [`BATCH_LUA`] reply.
+    pub fn from_reply(reply: i64) -> AcquireReply {
+        match reply {
+            token @ 1.. => AcquireReply::Granted(FencingToken::new(token as u64)),
+            0 => AcquireReply::Contended(None),
+            held => AcquireReply::Contended(Some(Duration::from_millis(held.unsigned_abs() - 1))),
+        }
+    }
+}
+
 fn millis(ttl: Duration) -> u64 {
     // TTLs are validated to whole milliseconds of at least the backend's minimum.
     ttl.as_millis().clamp(1, u64::MAX as u128) as u64
+}
+
+/// Runs `operations` (lock keys, owner token in hex, what to do) in order
+/// in one `EVALSHA` of [`BATCH_LUA`], loading the script on `NOSCRIPT`.
+/// Returns one integer per operation (see [`BATCH_LUA`]).
+pub async fn run_batch<'a, C: ConnectionLike>(
+    conn: &mut C,
+    rule: TokenRule,
+    operations: &[(&'a crate::LockKeys, &'a str, Operation)],
+) -> RedisResult<Vec<i64>> {
+    // One command buffer, not ScriptInvocation's vector per argument: a
+    // batch carries up to hundreds of arguments.
+    let script = &SCRIPTS.batch;
+    let keys = operations
+        .iter()
+        .map(|(_, _, operation)| match operation {
+            Operation::Acquire { .. } => 2,
+            Operation::Release => 1,
+        })
+        .sum::<usize>();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    for (keys, _, operation) in operations {
+        cmd.arg(&keys.lock);
+        if let Operation::Acquire { .. } = operation {
+            cmd.arg(&keys.counter);
+        }
+    }
+    cmd.arg(rule.as_arg());
+    for (_, owner, operation) in operations {
+        match operation {
+            Operation::Acquire { ttl_ms } => cmd.arg(*ttl_ms),
+            Operation::Release => cmd.arg("R"),
+        };
+        cmd.arg(*owner);
+    }
+    let reply: Value = match cmd.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await?
+        }
+        other => other?,
+    };
+    let replies: Vec<i64> = match reply {
+        Value::Int(one) => vec![one],
+        many => Vec::<i64>::from_redis_value(many)?,
+    };
+    if replies.len() != operations.len() {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the batch script answered a different number of operations than it was sent",
+        )));
+    }
+    Ok(replies)
+}
+
+async fn run_one<C: ConnectionLike>(
+    conn: &mut C,
+    rule: TokenRule,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    operation: Operation,
+) -> RedisResult<i64> {
+    let owner = owner.to_hex();
+    let replies = run_batch(conn, rule, &[(keys, &owner, operation)]).await?;
+    Ok(replies[0])
 }
 
 /// One attempt: `SET NX PX` and, when granted, the next fencing token.
@@ -151,32 +296,15 @@ pub async fn acquire<C: ConnectionLike>(
     owner: &OwnerToken,
     ttl: Duration,
 ) -> RedisResult<AcquireReply> {
-    invoke_acquire(conn, keys, owner, ttl, "clock-floor").await
-}
-
-async fn invoke_acquire<C: ConnectionLike>(
-    conn: &mut C,
-    keys: &crate::LockKeys,
-    owner: &OwnerToken,
-    ttl: Duration,
-    mode: &str,
-) -> RedisResult<AcquireReply> {
-    let ttl_ms = millis(ttl);
-    let reply: i64 = SCRIPTS
-        .acquire
-        .key(&keys.lock)
-        .key(&keys.counter)
-        .arg(owner.to_hex())
-        .arg(ttl_ms)
-        .arg(ttl_ms.saturating_add(COUNTER_SLACK_MS))
-        .arg(mode)
-        .invoke_async(conn)
-        .await?;
-    Ok(match reply {
-        token @ 1.. => AcquireReply::Granted(FencingToken::new(token as u64)),
-        0 => AcquireReply::Contended(None),
-        held => AcquireReply::Contended(Some(Duration::from_millis(held.unsigned_abs() - 1))),
-    })
+    let reply = run_one(
+        conn,
+        TokenRule::ClockFloor,
+        keys,
+        owner,
+        Operation::acquire(ttl),
+    )
+    .await?;
+    Ok(AcquireReply::from_reply(reply))
 }
 
 /// Like [`acquire`], except that a counter that exists is only incremented,
@@ -191,7 +319,15 @@ pub async fn acquire_for_quorum<C: ConnectionLike>(
     owner: &OwnerToken,
     ttl: Duration,
 ) -> RedisResult<AcquireReply> {
-    invoke_acquire(conn, keys, owner, ttl, "counter-first").await
+    let reply = run_one(
+        conn,
+        TokenRule::CounterFirst,
+        keys,
+        owner,
+        Operation::acquire(ttl),
+    )
+    .await?;
+    Ok(AcquireReply::from_reply(reply))
 }
 
 /// Deletes the grant if `owner` holds it and publishes the release.
@@ -201,14 +337,8 @@ pub async fn release<C: ConnectionLike>(
     keys: &crate::LockKeys,
     owner: &OwnerToken,
 ) -> RedisResult<bool> {
-    let deleted: i64 = SCRIPTS
-        .release
-        .key(&keys.lock)
-        .arg(owner.to_hex())
-        .arg(&keys.channel)
-        .invoke_async(conn)
-        .await?;
-    Ok(deleted == 1)
+    let reply = run_one(conn, TokenRule::ClockFloor, keys, owner, Operation::Release).await?;
+    Ok(reply == 1)
 }
 
 /// The operator's force release: deletes the grant whoever holds it and

@@ -13,8 +13,8 @@ use lock_core::{
     LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
 };
 use lock_redis_wire::scripts::{self, AcquireReply};
+use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, TokenRule, map_error};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
-use lock_redis_wire::{RedisSettings, map_error};
 
 use crate::connection::Conn;
 pub use crate::view::LockReport;
@@ -103,6 +103,9 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: Conn,
+    /// Acquires and releases to a single server, coalesced; `None` on a
+    /// cluster, whose keys of one call must share a hash slot.
+    batcher: Option<Batcher>,
     settings: RedisSettings,
     cluster: bool,
     /// The endpoint named in errors: the server, or the cluster's seed list.
@@ -139,8 +142,13 @@ impl RedisBackend {
         } else {
             settings.endpoints[0].clone()
         };
+        let batcher = match &conn {
+            Conn::Single(c) => Some(Batcher::start(c.clone(), TokenRule::ClockFloor)),
+            Conn::Cluster(_) => None,
+        };
         let inner = Inner {
             conn,
+            batcher,
             wakeups: Wakeups::new(&settings),
             capabilities: capabilities(backend),
             endpoint,
@@ -218,6 +226,25 @@ impl RedisBackend {
         Ok(report)
     }
 
+    async fn send_acquire(
+        &self,
+        keys: LockKeys,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> redis::RedisResult<AcquireReply> {
+        match &self.inner.batcher {
+            Some(batcher) => batcher.acquire(Claim::new(keys, owner), ttl).await,
+            None => scripts::acquire(&mut self.inner.conn.clone(), &keys, owner, ttl).await,
+        }
+    }
+
+    async fn send_release(&self, keys: LockKeys, owner: &OwnerToken) -> redis::RedisResult<bool> {
+        match &self.inner.batcher {
+            Some(batcher) => batcher.release(Claim::new(keys, owner)).await,
+            None => scripts::release(&mut self.inner.conn.clone(), &keys, owner).await,
+        }
+    }
+
     fn error(&self, e: redis::RedisError) -> Error {
         map_error(self.inner.capabilities.backend, &self.inner.endpoint, e)
     }
@@ -250,7 +277,8 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
         let keys = self.inner.settings.layout.keys(key.as_str());
-        let reply = scripts::acquire(&mut self.inner.conn.clone(), &keys, owner, ttl)
+        let reply = self
+            .send_acquire(keys, owner, ttl)
             .await
             .map_err(|e| self.error(e))?;
         match reply {
@@ -276,7 +304,8 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
-        let released = scripts::release(&mut self.inner.conn.clone(), &keys, lease.owner())
+        let released = self
+            .send_release(keys, lease.owner())
             .await
             .map_err(|e| self.error(e))?;
         if released {

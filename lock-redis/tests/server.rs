@@ -425,3 +425,54 @@ async fn a_counter_ahead_of_the_clock_is_respected_and_kept() {
     let lease = locker.try_acquire("ahead", TTL).await.unwrap();
     assert_eq!(lease.fencing_token().get(), ahead + 2);
 }
+
+/// Callers' acquires and releases that meet in the client's queue go out
+/// together, one script call for many, and each still gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_operations_share_script_calls_and_keep_their_own_answers() {
+    let server = RedisServer::start().expect("start redis");
+    let locker = Locker::new(connect(&server).await);
+    // Loads the script, so that no NOSCRIPT retry counts below.
+    let lease = locker.try_acquire("batch/warm-up", TTL).await.unwrap();
+    locker.release(lease).await.unwrap();
+    server.cli(&["CONFIG", "RESETSTAT"]).unwrap();
+
+    const TASKS: usize = 200;
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (locker, start) = (locker.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let key = format!("batch/{i}");
+                let lease = locker.try_acquire(&key, TTL).await?;
+                // Another owner's acquire in the same rush is refused.
+                let rival = locker.try_acquire(&key, TTL).await.unwrap_err();
+                assert!(rival.is_contended(), "{key}: {rival}");
+                let first = lease.fencing_token();
+                locker.release(lease).await?;
+                let lease = locker.try_acquire(&key, TTL).await?;
+                assert!(
+                    lease.fencing_token() > first,
+                    "{key}: token did not increase"
+                );
+                locker.release(lease).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().expect("acquire and release");
+    }
+
+    let operations = 5 * TASKS as u64;
+    let calls = command_calls(&server, "evalsha");
+    assert!(
+        calls < operations / 2,
+        "{calls} script calls for {operations} operations: they were not coalesced"
+    );
+    let held = server.cli(&["KEYS", "lockkit:{batch/*}"]).unwrap();
+    assert!(
+        held.lines().all(|k| k.is_empty() || k.ends_with(":fence")),
+        "grants left after every release succeeded: {held}"
+    );
+}

@@ -15,7 +15,7 @@ use lock_core::{
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{KeyLayout, RedisSettings};
+use lock_redis_wire::{Batcher, Claim, KeyLayout, RedisSettings, TokenRule};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
@@ -85,7 +85,10 @@ impl RedlockBackend {
         // Connect to all at once; a minority may be down now and come back later.
         let reachable = Nodes::new(nodes.nodes().to_vec(), options.connect_timeout);
         let pings = reachable
-            .ask_all(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
+            .ask_all(|node| {
+                let mut c = node.connection.clone();
+                async move { redis::cmd("PING").query_async::<String>(&mut c).await }
+            })
             .await;
         let tally = Tally::new(pings.into_iter().map(reply_of).collect());
         if !tally.has_quorum() {
@@ -143,13 +146,11 @@ impl RedlockBackend {
         self.inner.layout.keys(key.as_str())
     }
 
-    /// Releases `owner`'s grant on the nodes picked by `which`, all at once.
-    async fn release_on(&self, keys: &LockKeys, owner: &OwnerToken, which: impl Fn(usize) -> bool) {
+    /// Releases the claim's grant on the nodes picked by `which`, all at once.
+    async fn release_on(&self, claim: &Arc<Claim>, which: impl Fn(usize) -> bool) {
         self.inner
             .nodes
-            .ask(which, |mut c| async move {
-                scripts::release(&mut c, keys, owner).await
-            })
+            .ask(which, |node| node.batcher.release(claim.clone()))
             .await;
     }
 
@@ -189,7 +190,10 @@ impl RedlockBackend {
             .nodes
             .ask(
                 |i| needs_raise[i],
-                |mut c| async move { scripts::write_back(&mut c, keys, top, ttl).await },
+                |node| {
+                    let mut c = node.connection.clone();
+                    async move { scripts::write_back(&mut c, keys, top, ttl).await }
+                },
             )
             .await;
         let replies: Vec<Reply<FencingToken>> = granted
@@ -229,6 +233,7 @@ fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec
                 .map_err(|e| lock_redis_wire::map_error(BACKEND, &settings.endpoints[i], e))?;
             Ok(Node {
                 endpoint: settings.endpoints[i].clone(),
+                batcher: Batcher::start(connection.clone(), TokenRule::CounterFirst),
                 connection,
             })
         })
@@ -265,7 +270,10 @@ impl LockBackend for RedlockBackend {
         let answers = self
             .inner
             .nodes
-            .ask_all(|mut c| async move { scripts::force_release(&mut c, keys).await })
+            .ask_all(|node| {
+                let mut c = node.connection.clone();
+                async move { scripts::force_release(&mut c, keys).await }
+            })
             .await;
         let tally = Tally::new(answers.into_iter().map(reply_of).collect());
         if !tally.has_quorum() {
@@ -278,22 +286,32 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
-        let keys = &self.keys(key);
+        let claim = &Claim::new(self.keys(key), owner);
+        let keys = claim.keys();
         let sent = Instant::now();
+        // Redlock needs a majority, not every node: the slowest nodes' grants
+        // (still on their way) add nothing to the decision, so do not wait
+        // for them. A refusal or failure waits for every answer, for the error.
+        let q = self.quorum();
+        let granted =
+            |a: &Option<NodeResult<AcquireReply>>| matches!(a, Some(Ok(AcquireReply::Granted(_))));
         let answers = self
             .inner
             .nodes
-            .ask_all(
-                |mut c| async move { scripts::acquire_for_quorum(&mut c, keys, owner, ttl).await },
+            .ask_until(
+                |node| node.batcher.acquire(claim.clone(), ttl),
+                |answers| answers.iter().filter(|a| granted(a)).count() >= q,
             )
             .await;
         let tally = Tally::new(
             answers
                 .into_iter()
                 .map(|a| match a {
-                    Ok(AcquireReply::Granted(token)) => Reply::Done(token),
-                    Ok(AcquireReply::Contended(remaining)) => Reply::Refused { remaining },
-                    Err(why) => Reply::Failed(why),
+                    Some(Ok(AcquireReply::Granted(token))) => Reply::Done(token),
+                    Some(Ok(AcquireReply::Contended(remaining))) => Reply::Refused { remaining },
+                    Some(Err(why)) => Reply::Failed(why),
+                    // It may grant yet: count it as a node that may hold our grant.
+                    None => Reply::Failed("no answer yet when a majority had granted".into()),
                 })
                 .collect(),
         );
@@ -303,7 +321,7 @@ impl LockBackend for RedlockBackend {
         if tally.has_quorum() {
             let elapsed = sent.elapsed();
             if validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)).is_none() {
-                self.release_on(keys, owner, ours).await;
+                self.release_on(claim, ours).await;
                 return Err(Error::Unavailable {
                     backend: BACKEND,
                     endpoint: self.inner.url.clone(),
@@ -316,13 +334,13 @@ impl LockBackend for RedlockBackend {
             return match self.fence(keys, &tally, ttl).await {
                 Ok(token) => Ok(Grant::new(token).sent_at(sent)),
                 Err(e) => {
-                    self.release_on(keys, owner, ours).await;
+                    self.release_on(claim, ours).await;
                     Err(e)
                 }
             };
         }
         if (0..tally.nodes()).any(ours) {
-            self.release_on(keys, owner, ours).await;
+            self.release_on(claim, ours).await;
         }
         if tally.refused_by_majority_of_possible() {
             tracing::debug!(error = %tally.to_error("acquire", &self.inner.endpoints), "contended");
@@ -343,7 +361,10 @@ impl LockBackend for RedlockBackend {
         let answers = self
             .inner
             .nodes
-            .ask_all(|mut c| async move { scripts::extend(&mut c, keys, owner, ttl).await })
+            .ask_all(|node| {
+                let mut c = node.connection.clone();
+                async move { scripts::extend(&mut c, keys, owner, ttl).await }
+            })
             .await;
         let tally = Tally::new(
             answers
@@ -379,17 +400,17 @@ impl LockBackend for RedlockBackend {
             .iter()
             .map(|r| matches!(r, Reply::Done(())))
             .collect();
-        self.release_on(keys, owner, |i| extended[i]).await;
+        let claim = &Claim::new(keys.clone(), owner);
+        self.release_on(claim, |i| extended[i]).await;
         Err(Error::lost(key, lost))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let keys = &self.keys(lease.key());
-        let owner = lease.owner();
+        let claim = &Claim::new(self.keys(lease.key()), lease.owner());
         let answers = self
             .inner
             .nodes
-            .ask_all(|mut c| async move { scripts::release(&mut c, keys, owner).await })
+            .ask_all(|node| node.batcher.release(claim.clone()))
             .await;
         // Held means held by a majority: a grant left on a minority (after a
         // lost extend, say) is not a lock, and releasing it reports that.

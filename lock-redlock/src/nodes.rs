@@ -4,7 +4,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+use lock_redis_wire::Batcher;
 use redis::aio::ConnectionManager;
 
 /// One Redis master of the set.
@@ -14,6 +17,10 @@ pub(crate) struct Node {
     pub endpoint: String,
     /// Multiplexed and self-reconnecting; clones share the one connection.
     pub connection: ConnectionManager,
+    /// Acquires and releases over `connection`, coalesced across callers and
+    /// kept in order. Both go through it, so that a release never overtakes
+    /// the acquire it cleans up after.
+    pub batcher: Batcher,
 }
 
 impl std::fmt::Debug for Node {
@@ -53,7 +60,7 @@ impl Nodes {
     /// for at most the per-node timeout. `answers[i]` is node `i`'s.
     pub(crate) async fn ask_all<T, F, Fut>(&self, request: F) -> Vec<NodeResult<T>>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(&Node) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         self.ask(|_| true, request)
@@ -71,13 +78,13 @@ impl Nodes {
         request: F,
     ) -> Vec<Option<NodeResult<T>>>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(&Node) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let timeout = self.timeout;
         join_all(self.nodes.iter().enumerate().map(|(i, node)| {
             // Build every request before awaiting any: all go out together.
-            let asked = which(i).then(|| request(node.connection.clone()));
+            let asked = which(i).then(|| request(node));
             async move {
                 let asked = asked?;
                 Some(match tokio::time::timeout(timeout, asked).await {
@@ -88,5 +95,45 @@ impl Nodes {
             }
         }))
         .await
+    }
+
+    /// Like [`ask_all`](Self::ask_all), but returns as soon as the answers
+    /// so far satisfy `enough`; the nodes that have not answered by then are
+    /// `None`. Their requests stay queued or on the wire: a late node still
+    /// does what was asked (its answer is dropped).
+    pub(crate) async fn ask_until<T, F, Fut>(
+        &self,
+        request: F,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
+    ) -> Vec<Option<NodeResult<T>>>
+    where
+        F: Fn(&Node) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let timeout = self.timeout;
+        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let asked = request(node);
+                async move {
+                    let answer = match tokio::time::timeout(timeout, asked).await {
+                        Ok(Ok(answer)) => Ok(answer),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {timeout:?}")),
+                    };
+                    (i, answer)
+                }
+            })
+            .collect();
+        while let Some((i, answer)) = pending.next().await {
+            answers[i] = Some(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
     }
 }

@@ -277,3 +277,60 @@ async fn a_grant_left_on_a_minority_is_lost_and_cleared() {
         other => panic!("release with the grant on 2 of 5 nodes: expected lost, got {other:?}"),
     }
 }
+
+/// A node that is paused while a lock is taken and released gets both
+/// requests when it resumes, the release after the acquire: it keeps no
+/// grant. And the acquire returns once a majority granted, without waiting
+/// for the paused node's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_runs_a_release_after_the_acquire_it_follows() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    let (backend, locker) = connect(&nodes).await;
+    // Loads the scripts everywhere, so that the calls counted below are ours.
+    let lease = locker.try_acquire("warm-up", TTL).await.unwrap();
+    locker.release(lease).await.unwrap();
+    nodes.node(4).cli(&["CONFIG", "RESETSTAT"]).unwrap();
+    let paused = Paused::pause(&nodes, &[4]);
+
+    let started = Instant::now();
+    let lease = locker
+        .try_acquire("paused-then-released", TTL)
+        .await
+        .expect("four nodes grant");
+    let took = started.elapsed();
+    assert!(
+        took < NODE_TIMEOUT,
+        "acquire took {took:?}: it waited for the paused node"
+    );
+    locker.release(lease).await.expect("release on a majority");
+
+    drop(paused);
+    // The resumed node runs the two calls; out of order, the grant would
+    // stay for its whole TTL.
+    let give_up = Instant::now() + TTL / 2;
+    while script_calls(&nodes, 4) < 2 {
+        assert!(
+            Instant::now() < give_up,
+            "the resumed node never ran the calls"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !holds(&nodes, &backend, 4, "paused-then-released"),
+        "the resumed node kept the grant: the release ran before the acquire"
+    );
+    locker
+        .try_acquire("paused-then-released", TTL)
+        .await
+        .expect("free on every node");
+}
+
+/// How many script calls node `i` ran, from `INFO commandstats`.
+fn script_calls(nodes: &RedisNodes, i: usize) -> u64 {
+    let stats = nodes.node(i).cli(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}

@@ -1,0 +1,256 @@
+//! Coalescing: the acquires and releases that callers send to one server
+//! while an earlier batch is on the wire go out together, as one `EVALSHA`
+//! of [`BATCH_LUA`](crate::scripts::BATCH_LUA).
+//!
+//! A Redis server spends more on each script call (finding the script,
+//! setting up Lua, parsing the command, writing the reply) than on the few
+//! commands a lock operation runs inside it, and the client spends more on
+//! each request than on its arguments. Sending what has queued up in one
+//! call shares those costs among all the callers of a busy client, like a
+//! database's group commit. Nothing waits to fill a batch: a lone caller's
+//! request leaves at once, as a batch of one.
+//!
+//! Up to [`IN_FLIGHT`] batches are on the wire at once per server. Batches
+//! leave in the order their operations were asked, and an operation whose
+//! claim (lock and owner) is still on the wire waits, with everything asked
+//! after it, until that batch has answered: a release asked after an
+//! acquire (for instance the clean-up of an acquire whose caller stopped
+//! waiting) runs after it, even when the acquire is stuck on a paused
+//! server, and so does whatever was asked after the release. An acquire
+//! whose caller has already gone when its batch is formed is not sent at
+//! all, so it grants nothing.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+
+use lock_core::OwnerToken;
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, RedisError, RedisResult};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::LockKeys;
+use crate::scripts::{self, AcquireReply, Operation, TokenRule};
+
+/// The most operations one call carries: 128 keep a call's reply small and
+/// the server's other clients waiting no more than a few hundred µs.
+pub const MAX_BATCH: usize = 128;
+
+/// How many calls may be on the wire at once: while the server runs one,
+/// the next one fills up, so neither side waits for the other.
+pub const IN_FLIGHT: usize = 4;
+
+/// A lock and the owner asking for it: what one operation names, shared by
+/// the batchers of all the servers it goes to.
+#[derive(Debug)]
+pub struct Claim {
+    keys: LockKeys,
+    owner: String,
+}
+
+impl Claim {
+    /// `owner`'s claim on the lock with these Redis `keys`.
+    pub fn new(keys: LockKeys, owner: &OwnerToken) -> Arc<Claim> {
+        Arc::new(Claim {
+            keys,
+            owner: owner.to_hex(),
+        })
+    }
+
+    /// The lock's Redis keys.
+    pub fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// FNV-1a of the lock key and the owner: cheap, no allocation.
+    fn id(&self) -> u64 {
+        let bytes = self.keys.lock.bytes().chain(self.owner.bytes());
+        bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+}
+
+/// One caller's request, waiting for its batch.
+struct Request {
+    claim: Arc<Claim>,
+    operation: Operation,
+    reply: oneshot::Sender<RedisResult<i64>>,
+}
+
+/// Sends acquires and releases to one server, coalesced. Cheap to clone;
+/// clones share the queue. The background task that sends the batches ends
+/// when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct Batcher {
+    queue: mpsc::UnboundedSender<Request>,
+}
+
+impl Batcher {
+    /// Starts sending batches over `conn` (a multiplexed connection; its
+    /// response timeout, if any, bounds each batch). Must be called within
+    /// a Tokio runtime.
+    pub fn start<C>(conn: C, rule: TokenRule) -> Batcher
+    where
+        C: ConnectionLike + Clone + Send + 'static,
+    {
+        let (queue, requests) = mpsc::unbounded_channel();
+        tokio::spawn(send_batches(conn, rule, requests));
+        Batcher { queue }
+    }
+
+    /// One acquire attempt, as [`scripts::acquire`] with this batcher's
+    /// token rule. Queued when called, not when first polled, so requests
+    /// made one after another go out in that order.
+    pub fn acquire(
+        &self,
+        claim: Arc<Claim>,
+        ttl: Duration,
+    ) -> impl Future<Output = RedisResult<AcquireReply>> + Send + use<> {
+        let answer = self.ask(claim, Operation::acquire(ttl));
+        async move { Ok(AcquireReply::from_reply(answer.await?)) }
+    }
+
+    /// Compare-and-delete, as [`scripts::release`]: false when the claim's
+    /// owner did not hold the lock. Queued when called.
+    pub fn release(
+        &self,
+        claim: Arc<Claim>,
+    ) -> impl Future<Output = RedisResult<bool>> + Send + use<> {
+        let answer = self.ask(claim, Operation::Release);
+        async move { Ok(answer.await? == 1) }
+    }
+
+    fn ask(
+        &self,
+        claim: Arc<Claim>,
+        operation: Operation,
+    ) -> impl Future<Output = RedisResult<i64>> + Send + use<> {
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            claim,
+            operation,
+            reply,
+        };
+        let queued = self.queue.send(request).is_ok();
+        async move {
+            if !queued {
+                return Err(stopped());
+            }
+            answer.await.unwrap_or_else(|_| Err(stopped()))
+        }
+    }
+}
+
+/// The batching task's runtime has shut down.
+fn stopped() -> RedisError {
+    RedisError::from((
+        ErrorKind::Io,
+        "the connection's batching task has stopped (its Tokio runtime shut down)",
+    ))
+}
+
+/// The background task: sends what has queued up as one call, up to
+/// [`IN_FLIGHT`] calls at a time, hands out the answers, and repeats.
+async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
+    conn: C,
+    rule: TokenRule,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+) {
+    let mut waiting: Vec<Request> = Vec::with_capacity(MAX_BATCH);
+    let mut in_flight = FuturesUnordered::new();
+    // The (lock, owner) pairs of the calls on the wire: an owner's later
+    // operation on the same lock waits for them, as calls on one connection
+    // are not guaranteed to run in the order their futures were created.
+    let mut busy = Busy::default();
+    let mut open = true;
+    loop {
+        while in_flight.len() < IN_FLIGHT {
+            let batch = take_batch(&mut waiting, &busy);
+            if batch.is_empty() {
+                break;
+            }
+            for request in &batch {
+                busy.insert(request.claim.id());
+            }
+            in_flight.push(send(conn.clone(), rule, batch));
+        }
+        if !open && in_flight.is_empty() && waiting.is_empty() {
+            return;
+        }
+        tokio::select! {
+            biased;
+            Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
+                for id in sent {
+                    busy.remove(&id);
+                }
+            }
+            n = requests.recv_many(&mut waiting, MAX_BATCH), if open && waiting.len() < MAX_BATCH => {
+                open = n > 0;
+            }
+        }
+    }
+}
+
+/// The ids of the (lock, owner) pairs on the wire. Two pairs sharing an id
+/// only make one wait a round for the other, so a short hash does.
+type Busy = HashSet<u64, BuildHasherDefault<IdHasher>>;
+
+/// Hashes a [`key_id`], already a hash, as itself.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id;
+    }
+}
+
+/// Takes up to [`MAX_BATCH`] waiting requests, in order, up to the first
+/// whose claim is on the wire: that one and all after it wait, so that
+/// every operation runs after those asked before it, as on a plain
+/// connection. Drops acquires nobody waits for any more: they would only
+/// grant a lock to no one.
+fn take_batch(waiting: &mut Vec<Request>, busy: &Busy) -> Vec<Request> {
+    waiting.retain(|r| !(r.reply.is_closed() && matches!(r.operation, Operation::Acquire { .. })));
+    let ready = waiting
+        .iter()
+        .take(MAX_BATCH)
+        .take_while(|r| !busy.contains(&r.claim.id()))
+        .count();
+    waiting.drain(..ready).collect()
+}
+
+/// Sends one batch, hands out its answers, and returns its requests' ids.
+async fn send<C: ConnectionLike>(mut conn: C, rule: TokenRule, batch: Vec<Request>) -> Vec<u64> {
+    let operations: Vec<(&LockKeys, &str, Operation)> = batch
+        .iter()
+        .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
+        .collect();
+    let answers = scripts::run_batch(&mut conn, rule, &operations).await;
+    let mut keys = Vec::with_capacity(batch.len());
+    for (i, request) in batch.into_iter().enumerate() {
+        let answer = match &answers {
+            Ok(answers) => Ok(answers[i]),
+            Err(e) => Err(e.clone()),
+        };
+        keys.push(request.claim.id());
+        let _ = request.reply.send(answer);
+    }
+    keys
+}
