@@ -273,6 +273,7 @@ pub async fn many_keys(
 ) -> ManyKeys {
     const TASKS: usize = 64;
     let ttl = Duration::from_secs(600);
+    counter.settle().await;
     let server_before = counter.memory().await;
     let (heap_before, rss_before) = (crate::allocated(), rss_bytes());
     let started = Instant::now();

@@ -43,7 +43,7 @@ pub const MAX_BATCH: usize = 128;
 
 /// How many calls may be on the wire at once: while the server runs one,
 /// the next one fills up, so neither side waits for the other.
-pub const IN_FLIGHT: usize = 4;
+pub const IN_FLIGHT: usize = 3;
 
 /// A lock and the owner asking for it: what one operation names, shared by
 /// the batchers of all the servers it goes to.
