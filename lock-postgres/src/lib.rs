@@ -143,30 +143,19 @@ impl PostgresBackend {
             .await?
             .map_err(|e| errors::backend("creating the schema failed", e))?;
         }
-        // A per-session cache hands each session its own block of values, so
-        // tokens of different sessions would interleave instead of increasing.
-        let cache = sqlx::query_scalar::<_, i64>(statements.cache)
+        // Tokens must strictly increase across sessions and crashes.
+        let settings = sqlx::query_as::<_, sql::SequenceSettings>(statements.sequence)
             .bind(options.names.schema())
             .bind(options.names.sequence_name());
-        let cache = within(
+        let settings = within(
             options.response_timeout,
             &conns.endpoint,
             "the sequence check",
-            Box::pin(cache.fetch_optional(&mut first.conn)),
+            Box::pin(settings.fetch_optional(&mut first.conn)),
         )
         .await?
         .map_err(|e| errors::connect(&conns.endpoint, e))?;
-        let sequence = options.names.sequence();
-        let problem = match cache {
-            Some(1) => None,
-            Some(n) => Some(format!(
-                "sequence {sequence} has CACHE {n}, so fencing tokens drawn by different sessions would not increase; run `ALTER SEQUENCE {sequence} CACHE 1`"
-            )),
-            None => Some(format!(
-                "{sequence} is not a sequence; fencing tokens need one: `CREATE SEQUENCE {sequence} AS bigint MINVALUE 1 CACHE 1 NO CYCLE`"
-            )),
-        };
-        if let Some(message) = problem {
+        if let Some(message) = sql::sequence_problem(&options.names.sequence(), settings) {
             return Err(Error::Backend {
                 backend: errors::BACKEND,
                 message,

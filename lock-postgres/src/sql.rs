@@ -114,8 +114,9 @@ pub(crate) struct Statements {
     pub flush: String,
     /// Whether the table and the sequence exist.
     pub exists: &'static str,
-    /// The sequence's CACHE (by schema and name), no row if it is not a sequence.
-    pub cache: &'static str,
+    /// The sequence's settings (by schema and name) that [`sequence_problem`]
+    /// checks, as a [`SequenceSettings`] row; no row if it is not a sequence.
+    pub sequence: &'static str,
     /// Creates them under an advisory lock, so concurrent first connects do not race.
     pub create: String,
 }
@@ -149,7 +150,11 @@ impl Statements {
                  AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> '' ORDER BY k.name"
             ),
             exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-            cache: "SELECT cache_size FROM pg_catalog.pg_sequences WHERE schemaname = $1 AND sequencename = $2",
+            sequence: "SELECT s.cache_size, s.cycle, s.increment_by, c.relpersistence = 'u' \
+                       FROM pg_catalog.pg_sequences s \
+                       JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname \
+                       JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.sequencename \
+                       WHERE s.schemaname = $1 AND s.sequencename = $2",
             // A fixed advisory key: any lockkit process creating any schema serialises here, briefly, once.
             create: format!(
                 "BEGIN; SELECT pg_advisory_xact_lock(7236120351244620127); {} COMMIT;",
@@ -157,6 +162,64 @@ impl Statements {
             ),
         }
     }
+}
+
+/// What `connect` reads about the sequence: cache size, CYCLE, increment, UNLOGGED.
+pub(crate) type SequenceSettings = (i64, bool, i64, bool);
+
+/// Why fencing tokens drawn from `sequence` would not always increase, with
+/// the `ALTER SEQUENCE` that fixes it; `None` if they would. `settings` is
+/// `None` when `sequence` is not a sequence at all.
+pub(crate) fn sequence_problem(
+    sequence: &str,
+    settings: Option<SequenceSettings>,
+) -> Option<String> {
+    let Some((cache, cycle, increment, unlogged)) = settings else {
+        return Some(format!(
+            "{sequence} is not a sequence; fencing tokens need one: `CREATE SEQUENCE {sequence} AS bigint MINVALUE 1 CACHE 1 NO CYCLE`"
+        ));
+    };
+    let mut why = Vec::new();
+    let mut fix = Vec::new();
+    // A per-session cache hands each session its own block of values, so
+    // tokens of different sessions would interleave instead of increasing.
+    if cache != 1 {
+        why.push(format!(
+            "has CACHE {cache}, so fencing tokens drawn by different sessions would not increase"
+        ));
+        fix.push("CACHE 1");
+    }
+    if cycle {
+        why.push(
+            "has CYCLE, so it wraps around at its MAXVALUE and fencing tokens would go backwards"
+                .to_owned(),
+        );
+        fix.push("NO CYCLE");
+    }
+    if increment <= 0 {
+        why.push(format!(
+            "has INCREMENT BY {increment}, so fencing tokens would not increase"
+        ));
+        fix.push("INCREMENT BY 1");
+    }
+    if unlogged {
+        why.push(
+            "is UNLOGGED, so a crash resets it and fencing tokens would go backwards".to_owned(),
+        );
+        fix.push("SET LOGGED");
+    }
+    if why.is_empty() {
+        return None;
+    }
+    let fix: Vec<String> = fix
+        .iter()
+        .map(|f| format!("ALTER SEQUENCE {sequence} {f}"))
+        .collect();
+    Some(format!(
+        "sequence {sequence} {}; run `{}`",
+        why.join(", and "),
+        fix.join("; ")
+    ))
 }
 
 /// Opens the lock's transaction in one round trip. The idle timeout is the
@@ -207,6 +270,42 @@ mod tests {
             "{custom}"
         );
         assert!(!custom.contains("\"lockkit\""), "{custom}");
+    }
+
+    #[test]
+    fn only_a_logged_increasing_uncached_non_cycling_sequence_passes() {
+        let seq = "\"s\".\"t\"";
+        assert_eq!(sequence_problem(seq, Some((1, false, 1, false))), None);
+        assert_eq!(sequence_problem(seq, Some((1, false, 7, false))), None);
+        let cases = [
+            ((20, false, 1, false), "has CACHE 20", "CACHE 1"),
+            ((1, true, 1, false), "has CYCLE", "NO CYCLE"),
+            (
+                (1, false, -1, false),
+                "has INCREMENT BY -1",
+                "INCREMENT BY 1",
+            ),
+            ((1, false, 0, false), "has INCREMENT BY 0", "INCREMENT BY 1"),
+            ((1, false, 1, true), "is UNLOGGED", "SET LOGGED"),
+        ];
+        for (settings, why, fix) in cases {
+            let message = sequence_problem(seq, Some(settings)).expect("refused");
+            assert!(
+                message.contains(&format!("sequence {seq} {why}"))
+                    && message.ends_with(&format!("run `ALTER SEQUENCE {seq} {fix}`")),
+                "{message}"
+            );
+        }
+        let all = sequence_problem(seq, Some((5, true, -2, true))).expect("refused");
+        assert!(
+            all.contains(&format!(
+                "`ALTER SEQUENCE {seq} CACHE 1; ALTER SEQUENCE {seq} NO CYCLE; \
+                 ALTER SEQUENCE {seq} INCREMENT BY 1; ALTER SEQUENCE {seq} SET LOGGED`"
+            )),
+            "{all}"
+        );
+        let none = sequence_problem(seq, None).expect("refused");
+        assert!(none.contains("is not a sequence"), "{none}");
     }
 
     #[test]

@@ -428,6 +428,58 @@ async fn a_sequence_with_a_session_cache_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlogged_cycling_or_decreasing_sequence_is_refused() {
+    let Some((url, _)) = setup("").await else {
+        return;
+    };
+    let schema = own_schema();
+    let own = format!("{url}?schema={schema}");
+    let mut admin = plain(&url).await;
+    PostgresBackend::connect(&own)
+        .await
+        .expect("creates the schema");
+    let sequence = format!("\"{schema}\".\"fencing_tokens\"");
+    // (what breaks the sequence, what the refusal says, the fix it names)
+    let mut cases = vec![
+        ("CYCLE", "has CYCLE", "NO CYCLE"),
+        ("INCREMENT BY -1", "has INCREMENT BY -1", "INCREMENT BY 1"),
+    ];
+    // Unlogged sequences exist from PostgreSQL 15 on.
+    if admin.server_version_num().is_some_and(|v| v >= 150_000) {
+        cases.push(("SET UNLOGGED", "is UNLOGGED", "SET LOGGED"));
+    }
+    let mut outcomes = Vec::new();
+    for (breaks, why, fix) in cases {
+        sqlx::raw_sql(&format!("ALTER SEQUENCE {sequence} {breaks}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let refused = PostgresBackend::connect(&own).await.map(|_| ());
+        sqlx::raw_sql(&format!("ALTER SEQUENCE {sequence} {fix}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let accepted = PostgresBackend::connect(&own).await.map(|_| ());
+        outcomes.push((breaks, why, fix, refused, accepted));
+    }
+    drop_schema(&mut admin, &schema).await;
+
+    for (breaks, why, fix, refused, accepted) in outcomes {
+        let Err(err) = refused else {
+            panic!("a sequence with {breaks} was accepted");
+        };
+        let message = err.to_string();
+        assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+        assert!(
+            message.contains(&format!("sequence {sequence} {why}"))
+                && message.contains(&format!("`ALTER SEQUENCE {sequence} {fix}`")),
+            "{message}"
+        );
+        accepted.unwrap_or_else(|e| panic!("still refused after {fix}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
     let Some((url, _)) = setup("").await else {
         return;
