@@ -47,7 +47,7 @@ struct Shared {
 }
 
 struct Channel {
-    /// Woken by each release message on the channel.
+    /// Wakes one waiter per release message on the channel.
     notify: Arc<Notify>,
     waiters: usize,
     /// The server may hold a subscription: set before SUBSCRIBE goes out,
@@ -237,8 +237,14 @@ impl Shared {
     }
 }
 
-/// Wakes the waiters of each release message; wakes everyone when the
-/// subscription connection drops, since messages may have been missed.
+/// Wakes ONE waiter of the key per release message, the one waiting
+/// longest: one release frees the lock for one new holder, and waking all
+/// would have every other waiter send a refused attempt (a herd). The
+/// others stay subscribed for the next release. A waiter woken but gone
+/// before it looked passes the wake-up on to the next one (tokio's
+/// `Notify`); one gone after it looked costs the others latency until
+/// their next poll, never liveness. Wakes everyone when the subscription
+/// connection drops, since messages may have been missed.
 async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo>) {
     while let Some(push) = rx.recv().await {
         let Some(shared) = shared.upgrade() else {
@@ -252,7 +258,7 @@ async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo
                     .first()
                     .and_then(|v| redis::from_redis_value_ref::<String>(v).ok());
                 if let Some(c) = channel.and_then(|name| channels.get(&name)) {
-                    c.notify.notify_waiters();
+                    c.notify.notify_one();
                 }
             }
             PushKind::Disconnection => channels.values().for_each(|c| c.notify.notify_waiters()),

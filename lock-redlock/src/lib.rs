@@ -289,29 +289,22 @@ impl LockBackend for RedlockBackend {
         let claim = &Claim::new(self.keys(key), owner);
         let keys = claim.keys();
         let sent = Instant::now();
-        // Redlock needs a majority, not every node: the slowest nodes' grants
-        // (still on their way) add nothing to the decision, so do not wait
-        // for them. A refusal or failure waits for every answer, for the error.
-        let q = self.quorum();
-        let granted =
-            |a: &Option<NodeResult<AcquireReply>>| matches!(a, Some(Ok(AcquireReply::Granted(_))));
+        // Every answer is awaited (each bounded by the per-node timeout):
+        // returning at the first majority would leave the token's write-back
+        // to that majority only, and a token written to fewer nodes survives
+        // fewer restarts.
         let answers = self
             .inner
             .nodes
-            .ask_until(
-                |node| node.batcher.acquire(claim.clone(), ttl),
-                |answers| answers.iter().filter(|a| granted(a)).count() >= q,
-            )
+            .ask_all(|node| node.batcher.acquire(claim.clone(), ttl))
             .await;
         let tally = Tally::new(
             answers
                 .into_iter()
                 .map(|a| match a {
-                    Some(Ok(AcquireReply::Granted(token))) => Reply::Done(token),
-                    Some(Ok(AcquireReply::Contended(remaining))) => Reply::Refused { remaining },
-                    Some(Err(why)) => Reply::Failed(why),
-                    // It may grant yet: count it as a node that may hold our grant.
-                    None => Reply::Failed("no answer yet when a majority had granted".into()),
+                    Ok(AcquireReply::Granted(token)) => Reply::Done(token),
+                    Ok(AcquireReply::Contended(remaining)) => Reply::Refused { remaining },
+                    Err(why) => Reply::Failed(why),
                 })
                 .collect(),
         );

@@ -4,9 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
-use futures_util::stream::FuturesUnordered;
 use lock_redis_wire::Batcher;
 use redis::aio::ConnectionManager;
 
@@ -95,45 +93,5 @@ impl Nodes {
             }
         }))
         .await
-    }
-
-    /// Like [`ask_all`](Self::ask_all), but returns as soon as the answers
-    /// so far satisfy `enough`; the nodes that have not answered by then are
-    /// `None`. Their requests stay queued or on the wire: a late node still
-    /// does what was asked (its answer is dropped).
-    pub(crate) async fn ask_until<T, F, Fut>(
-        &self,
-        request: F,
-        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
-    ) -> Vec<Option<NodeResult<T>>>
-    where
-        F: Fn(&Node) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        let timeout = self.timeout;
-        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let asked = request(node);
-                async move {
-                    let answer = match tokio::time::timeout(timeout, asked).await {
-                        Ok(Ok(answer)) => Ok(answer),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!("no answer within {timeout:?}")),
-                    };
-                    (i, answer)
-                }
-            })
-            .collect();
-        while let Some((i, answer)) = pending.next().await {
-            answers[i] = Some(answer);
-            if enough(&answers) {
-                break;
-            }
-        }
-        answers
     }
 }

@@ -1,4 +1,9 @@
-//! Wake-ups: a release message from ANY node wakes the waiters of its key.
+//! Wake-ups: a release message from ANY node wakes a waiter of its key.
+//!
+//! Each message wakes ONE waiter, the one waiting longest: a release frees
+//! the lock for one new holder, and waking all would have every other
+//! waiter send a refused attempt to every node (a herd). A release is
+//! published on every node, so up to N waiters wake per release, not all.
 //!
 //! One pub/sub connection per node, shared by every waiter of this backend.
 //! Each node's connection is driven by one task that subscribes a channel
@@ -15,7 +20,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use lock_core::WakeUpFuture;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// The waiters' side: which channels are wanted, and a way to wake them.
 #[derive(Debug, Default)]
@@ -26,8 +31,8 @@ struct Interest {
 #[derive(Debug)]
 struct Channel {
     waiters: usize,
-    /// Bumped on every release message, from any node.
-    released: watch::Sender<u64>,
+    /// Wakes one waiter per release message, from any node.
+    released: Arc<Notify>,
 }
 
 #[derive(Debug)]
@@ -84,11 +89,13 @@ impl Wakeups {
                 .entry(channel.clone())
                 .or_insert_with(|| Channel {
                     waiters: 0,
-                    released: watch::channel(0).0,
+                    released: Arc::new(Notify::new()),
                 });
             entry.waiters += 1;
-            entry.released.subscribe()
+            Box::pin(entry.released.clone().notified_owned())
         };
+        // In line from now: a message while the subscriptions are confirmed counts.
+        released.as_mut().enable();
         let registration = Registration {
             wakeups: self.clone(),
             channel: channel.clone(),
@@ -110,10 +117,9 @@ impl Wakeups {
         if confirmed == 0 {
             return None;
         }
-        released.borrow_and_update();
         Some(Box::pin(async move {
             let _registration = registration;
-            let _ = released.changed().await;
+            released.await;
         }))
     }
 }
@@ -146,12 +152,12 @@ fn lock(interest: &Mutex<Interest>) -> MutexGuard<'_, Interest> {
     interest.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Bumps every wanted channel: after a disconnection messages may have been
+/// Wakes every waiter: after a disconnection messages may have been
 /// missed, so each waiter attempts again rather than sleep out its backoff.
 fn wake_everyone(interest: &std::sync::Weak<Mutex<Interest>>) {
     if let Some(interest) = interest.upgrade() {
         for entry in lock(&interest).channels.values() {
-            entry.released.send_modify(|n| *n = n.wrapping_add(1));
+            entry.released.notify_waiters();
         }
     }
 }
@@ -223,7 +229,7 @@ async fn subscriber(
                     Some(message) => {
                         let Some(interest) = interest.upgrade() else { return };
                         if let Some(entry) = lock(&interest).channels.get(message.get_channel_name()) {
-                            entry.released.send_modify(|n| *n = n.wrapping_add(1));
+                            entry.released.notify_one();
                         }
                     }
                 },
@@ -283,5 +289,30 @@ mod tests {
         .await
         .expect("the channel was not resubscribed after the disconnection");
         drop(second);
+    }
+
+    #[tokio::test]
+    async fn a_release_message_wakes_one_waiter_the_one_waiting_longest() {
+        let server = RedisServer::start().expect("start redis");
+        let client = redis::Client::open(server.url()).unwrap();
+        let wakeups = Wakeups::start(vec![client], Duration::from_secs(5), Duration::from_secs(5));
+        let first = wakeups.on_release("ch".into()).await.expect("subscribed");
+        let second = wakeups.on_release("ch".into()).await.expect("subscribed");
+        tokio::pin!(first, second);
+
+        server.cli(&["PUBLISH", "ch", "released"]).unwrap();
+        timeout(Duration::from_secs(5), &mut first)
+            .await
+            .expect("the release message woke nobody");
+        assert!(
+            timeout(Duration::from_millis(300), &mut second)
+                .await
+                .is_err(),
+            "one release message woke both waiters"
+        );
+        server.cli(&["PUBLISH", "ch", "released"]).unwrap();
+        timeout(Duration::from_secs(5), &mut second)
+            .await
+            .expect("the next release message did not wake the other waiter");
     }
 }
