@@ -52,7 +52,7 @@ const OWNER: &str = "0123456789abcdef0123456789abcdef";
 /// The redis-benchmark method, for the report.
 pub fn redis_method() -> String {
     format!(
-        "redis-benchmark -c T -n N [-P 16] -r 100000000 EVALSHA <batch script {}> 2 lockkit:{{bench/__rand_int__}} lockkit:{{bench/__rand_int__}}:fence clock-floor 10000 <owner> (one acquire), then EVALSHA <batch script> 1 lockkit:{{bench/__rand_int__}} clock-floor R <owner> (one release); \
+        "redis-benchmark -c T -n N [-P 16] -r 100000000 EVALSHA <batch script {}> 2 lockkit:{{bench/__rand_int__}} lockkit:{{bench/__rand_int__}}:fence clock-floor 10000 <owner> (one acquire), then EVALSHA <batch script> 1 lockkit:{{bench/__rand_int__}} clock-floor R <owner> 0 (one release); \
          acquire runs the granted path on fresh keys, release the owner-mismatch path (GET and compare only, so the bound is on the generous side); pairs/s = 1/(1/acquire + 1/release). \
          One operation per call: the backend's coalescing of concurrent callers into one call is what lets it pass this bound",
         &Scripts::get().batch.get_hash()[..8],
@@ -174,6 +174,7 @@ pub async fn redis_point(
         "clock-floor",
         "R",
         OWNER,
+        "0",
     ]
     .map(str::to_owned)
     .to_vec();

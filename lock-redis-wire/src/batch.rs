@@ -117,12 +117,14 @@ impl Batcher {
     }
 
     /// Compare-and-delete, as [`scripts::release`]: false when the claim's
-    /// owner did not hold the lock. Queued when called.
+    /// owner did not hold the lock. `token` (0 when unknown) is the release
+    /// message. Queued when called.
     pub fn release(
         &self,
         claim: Arc<Claim>,
+        token: u64,
     ) -> impl Future<Output = RedisResult<bool>> + Send + use<> {
-        let answer = self.ask(claim, Operation::Release);
+        let answer = self.ask(claim, Operation::Release { token });
         async move { Ok(answer.await? == 1) }
     }
 

@@ -37,11 +37,15 @@ use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerEr
 /// release is a batch of one.
 ///
 /// `ARGV[1]` says how tokens are taken: `clock-floor` or `counter-first`
-/// (see [`acquire_for_quorum`]). Then each operation has two arguments and
-/// one or two keys, in order:
+/// (see [`acquire_for_quorum`]). Then each operation, in order:
 /// - acquire: `ARGV` TTL in ms, owner token; `KEYS` lock, counter;
-/// - release: `ARGV` `R`, owner token; `KEYS` lock. The release is
-///   published on the lock's channel, its key followed by `:released`.
+/// - release: `ARGV` `R`, owner token, the grant's fencing token (`0` when
+///   unknown); `KEYS` lock. The release is published on the lock's channel,
+///   its key followed by `:released`, with the fencing token as the message:
+///   the same release published by several Redlock nodes is then told apart
+///   from the next one, so it wakes one waiter, not one per node. A fencing
+///   token is no secret (resources are given it); the owner token is never
+///   published.
 ///
 /// Returns one integer per operation, in an array (a batch of one: the
 /// integer alone, which is cheaper for the server to send). Acquire: the
@@ -57,21 +61,21 @@ use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerEr
 pub const BATCH_LUA: &str = r#"
 local counter_first = ARGV[1] == 'counter-first'
 local now, now_text
-local out, n, k = {}, 0, 1
-for a = 2, #ARGV, 2 do
+local out, n, k, a = {}, 0, 1, 2
+while a <= #ARGV do
   local what, owner, lock = ARGV[a], ARGV[a + 1], KEYS[k]
   local answer
   if what == 'R' then
-    k = k + 1
     answer = 0
     if redis.call('GET', lock) == owner then
       redis.call('DEL', lock)
-      redis.call('PUBLISH', lock .. ':released', 'released')
+      redis.call('PUBLISH', lock .. ':released', ARGV[a + 2])
       answer = 1
     end
+    k, a = k + 1, a + 3
   else
     local counter = KEYS[k + 1]
-    k = k + 2
+    k, a = k + 2, a + 2
     if not redis.call('SET', lock, owner, 'NX', 'PX', what) then
       answer = -1 - redis.call('PTTL', lock)
     else
@@ -185,8 +189,12 @@ pub enum Operation {
         /// The TTL in milliseconds.
         ttl_ms: u64,
     },
-    /// Compare-and-delete, then publish the release.
-    Release,
+    /// Compare-and-delete, then publish the release with the grant's
+    /// fencing token (0 when unknown).
+    Release {
+        /// The grant's fencing token, the release message.
+        token: u64,
+    },
 }
 
 impl Operation {
@@ -238,7 +246,7 @@ pub async fn run_batch<'a, C: ConnectionLike>(
         .iter()
         .map(|(_, _, operation)| match operation {
             Operation::Acquire { .. } => 2,
-            Operation::Release => 1,
+            Operation::Release { .. } => 1,
         })
         .sum::<usize>();
     let mut cmd = redis::cmd("EVALSHA");
@@ -253,9 +261,12 @@ pub async fn run_batch<'a, C: ConnectionLike>(
     for (_, owner, operation) in operations {
         match operation {
             Operation::Acquire { ttl_ms } => cmd.arg(*ttl_ms),
-            Operation::Release => cmd.arg("R"),
+            Operation::Release { .. } => cmd.arg("R"),
         };
         cmd.arg(*owner);
+        if let Operation::Release { token } = operation {
+            cmd.arg(*token);
+        }
     }
     let reply: Value = match cmd.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -330,14 +341,23 @@ pub async fn acquire_for_quorum<C: ConnectionLike>(
     Ok(AcquireReply::from_reply(reply))
 }
 
-/// Deletes the grant if `owner` holds it and publishes the release.
-/// Returns false when `owner` did not hold it (nothing was deleted).
+/// Deletes the grant if `owner` holds it and publishes the release, with
+/// the grant's fencing `token` (0 when unknown) as the message. Returns
+/// false when `owner` did not hold it (nothing was deleted).
 pub async fn release<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
     owner: &OwnerToken,
+    token: u64,
 ) -> RedisResult<bool> {
-    let reply = run_one(conn, TokenRule::ClockFloor, keys, owner, Operation::Release).await?;
+    let reply = run_one(
+        conn,
+        TokenRule::ClockFloor,
+        keys,
+        owner,
+        Operation::Release { token },
+    )
+    .await?;
     Ok(reply == 1)
 }
 

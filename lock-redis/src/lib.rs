@@ -238,10 +238,11 @@ impl RedisBackend {
         }
     }
 
-    async fn send_release(&self, keys: LockKeys, owner: &OwnerToken) -> redis::RedisResult<bool> {
+    async fn send_release(&self, keys: LockKeys, lease: &Lease) -> redis::RedisResult<bool> {
+        let (owner, token) = (lease.owner(), lease.fencing_token().get());
         match &self.inner.batcher {
-            Some(batcher) => batcher.release(Claim::new(keys, owner)).await,
-            None => scripts::release(&mut self.inner.conn.clone(), &keys, owner).await,
+            Some(batcher) => batcher.release(Claim::new(keys, owner), token).await,
+            None => scripts::release(&mut self.inner.conn.clone(), &keys, owner, token).await,
         }
     }
 
@@ -305,7 +306,7 @@ impl LockBackend for RedisBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let released = self
-            .send_release(keys, lease.owner())
+            .send_release(keys, lease)
             .await
             .map_err(|e| self.error(e))?;
         if released {

@@ -146,11 +146,12 @@ impl RedlockBackend {
         self.inner.layout.keys(key.as_str())
     }
 
-    /// Releases the claim's grant on the nodes picked by `which`, all at once.
-    async fn release_on(&self, claim: &Arc<Claim>, which: impl Fn(usize) -> bool) {
+    /// Releases the claim's grant on the nodes picked by `which`, all at
+    /// once; `token` (0 when the grant has none yet) is the release message.
+    async fn release_on(&self, claim: &Arc<Claim>, token: u64, which: impl Fn(usize) -> bool) {
         self.inner
             .nodes
-            .ask(which, |node| node.batcher.release(claim.clone()))
+            .ask(which, |node| node.batcher.release(claim.clone(), token))
             .await;
     }
 
@@ -314,7 +315,7 @@ impl LockBackend for RedlockBackend {
         if tally.has_quorum() {
             let elapsed = sent.elapsed();
             if validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)).is_none() {
-                self.release_on(claim, ours).await;
+                self.release_on(claim, 0, ours).await;
                 return Err(Error::Unavailable {
                     backend: BACKEND,
                     endpoint: self.inner.url.clone(),
@@ -327,13 +328,13 @@ impl LockBackend for RedlockBackend {
             return match self.fence(keys, &tally, ttl).await {
                 Ok(token) => Ok(Grant::new(token).sent_at(sent)),
                 Err(e) => {
-                    self.release_on(claim, ours).await;
+                    self.release_on(claim, 0, ours).await;
                     Err(e)
                 }
             };
         }
         if (0..tally.nodes()).any(ours) {
-            self.release_on(claim, ours).await;
+            self.release_on(claim, 0, ours).await;
         }
         if tally.refused_by_majority_of_possible() {
             tracing::debug!(error = %tally.to_error("acquire", &self.inner.endpoints), "contended");
@@ -394,7 +395,8 @@ impl LockBackend for RedlockBackend {
             .map(|r| matches!(r, Reply::Done(())))
             .collect();
         let claim = &Claim::new(keys.clone(), owner);
-        self.release_on(claim, |i| extended[i]).await;
+        self.release_on(claim, lease.fencing_token().get(), |i| extended[i])
+            .await;
         Err(Error::lost(key, lost))
     }
 
@@ -403,7 +405,10 @@ impl LockBackend for RedlockBackend {
         let answers = self
             .inner
             .nodes
-            .ask_all(|node| node.batcher.release(claim.clone()))
+            .ask_all(|node| {
+                node.batcher
+                    .release(claim.clone(), lease.fencing_token().get())
+            })
             .await;
         // Held means held by a majority: a grant left on a minority (after a
         // lost extend, say) is not a lock, and releasing it reports that.

@@ -1,9 +1,13 @@
 //! Wake-ups: a release message from ANY node wakes a waiter of its key.
 //!
-//! Each message wakes ONE waiter, the one waiting longest: a release frees
+//! Each release wakes ONE waiter, the one waiting longest: a release frees
 //! the lock for one new holder, and waking all would have every other
 //! waiter send a refused attempt to every node (a herd). A release is
-//! published on every node, so up to N waiters wake per release, not all.
+//! published on every node, with the grant's fencing token as the message;
+//! tokens of a key increase, so a message whose token is not above the
+//! highest seen is the same release from another node (or an older one)
+//! and wakes nobody. A message without a token (an operator's force
+//! release, a clean-up after a failed acquire) wakes one waiter.
 //!
 //! One pub/sub connection per node, shared by every waiter of this backend.
 //! Each node's connection is driven by one task that subscribes a channel
@@ -31,8 +35,27 @@ struct Interest {
 #[derive(Debug)]
 struct Channel {
     waiters: usize,
-    /// Wakes one waiter per release message, from any node.
+    /// Wakes one waiter per release, from whichever node tells first.
     released: Arc<Notify>,
+    /// The highest fencing token a release message carried.
+    newest: u64,
+}
+
+impl Channel {
+    /// Wakes one waiter, unless `message` is a release already seen.
+    fn release_message(&mut self, message: &[u8]) {
+        let token = std::str::from_utf8(message)
+            .ok()
+            .and_then(|m| m.parse::<u64>().ok())
+            .unwrap_or(0);
+        if token != 0 {
+            if token <= self.newest {
+                return;
+            }
+            self.newest = token;
+        }
+        self.released.notify_one();
+    }
 }
 
 #[derive(Debug)]
@@ -90,6 +113,7 @@ impl Wakeups {
                 .or_insert_with(|| Channel {
                     waiters: 0,
                     released: Arc::new(Notify::new()),
+                    newest: 0,
                 });
             entry.waiters += 1;
             Box::pin(entry.released.clone().notified_owned())
@@ -228,8 +252,8 @@ async fn subscriber(
                     None => healthy = false,
                     Some(message) => {
                         let Some(interest) = interest.upgrade() else { return };
-                        if let Some(entry) = lock(&interest).channels.get(message.get_channel_name()) {
-                            entry.released.notify_one();
+                        if let Some(entry) = lock(&interest).channels.get_mut(message.get_channel_name()) {
+                            entry.release_message(message.get_payload_bytes());
                         }
                     }
                 },
@@ -314,5 +338,33 @@ mod tests {
         timeout(Duration::from_secs(5), &mut second)
             .await
             .expect("the next release message did not wake the other waiter");
+    }
+
+    #[tokio::test]
+    async fn the_same_release_told_by_several_nodes_wakes_one_waiter() {
+        let server = RedisServer::start().expect("start redis");
+        let client = redis::Client::open(server.url()).unwrap();
+        let wakeups = Wakeups::start(vec![client], Duration::from_secs(5), Duration::from_secs(5));
+        let first = wakeups.on_release("ch".into()).await.expect("subscribed");
+        let second = wakeups.on_release("ch".into()).await.expect("subscribed");
+        tokio::pin!(first, second);
+
+        // The release of the grant with token 42, as one node tells it...
+        server.cli(&["PUBLISH", "ch", "42"]).unwrap();
+        timeout(Duration::from_secs(5), &mut first)
+            .await
+            .expect("the release message woke nobody");
+        // ... and as another node tells it.
+        server.cli(&["PUBLISH", "ch", "42"]).unwrap();
+        assert!(
+            timeout(Duration::from_millis(300), &mut second)
+                .await
+                .is_err(),
+            "one release told by two nodes woke two waiters"
+        );
+        server.cli(&["PUBLISH", "ch", "43"]).unwrap();
+        timeout(Duration::from_secs(5), &mut second)
+            .await
+            .expect("the next release did not wake the other waiter");
     }
 }
