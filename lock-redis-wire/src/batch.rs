@@ -51,15 +51,22 @@ pub const IN_FLIGHT: usize = 3;
 pub struct Claim {
     keys: LockKeys,
     owner: String,
+    /// FNV-1a of the lock key and the owner, for the batcher's bookkeeping.
+    id: u64,
 }
 
 impl Claim {
     /// `owner`'s claim on the lock with these Redis `keys`.
     pub fn new(keys: LockKeys, owner: &OwnerToken) -> Arc<Claim> {
-        Arc::new(Claim {
-            keys,
-            owner: owner.to_hex(),
-        })
+        let owner = owner.to_hex();
+        let id = keys
+            .lock
+            .bytes()
+            .chain(owner.bytes())
+            .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        Arc::new(Claim { keys, owner, id })
     }
 
     /// The lock's Redis keys.
@@ -67,12 +74,8 @@ impl Claim {
         &self.keys
     }
 
-    /// FNV-1a of the lock key and the owner: cheap, no allocation.
     fn id(&self) -> u64 {
-        let bytes = self.keys.lock.bytes().chain(self.owner.bytes());
-        bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
+        self.id
     }
 }
 

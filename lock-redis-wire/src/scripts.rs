@@ -307,15 +307,7 @@ pub async fn acquire<C: ConnectionLike>(
     owner: &OwnerToken,
     ttl: Duration,
 ) -> RedisResult<AcquireReply> {
-    let reply = run_one(
-        conn,
-        TokenRule::ClockFloor,
-        keys,
-        owner,
-        Operation::acquire(ttl),
-    )
-    .await?;
-    Ok(AcquireReply::from_reply(reply))
+    acquire_by(conn, TokenRule::ClockFloor, keys, owner, ttl).await
 }
 
 /// Like [`acquire`], except that a counter that exists is only incremented,
@@ -330,14 +322,17 @@ pub async fn acquire_for_quorum<C: ConnectionLike>(
     owner: &OwnerToken,
     ttl: Duration,
 ) -> RedisResult<AcquireReply> {
-    let reply = run_one(
-        conn,
-        TokenRule::CounterFirst,
-        keys,
-        owner,
-        Operation::acquire(ttl),
-    )
-    .await?;
+    acquire_by(conn, TokenRule::CounterFirst, keys, owner, ttl).await
+}
+
+async fn acquire_by<C: ConnectionLike>(
+    conn: &mut C,
+    rule: TokenRule,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> RedisResult<AcquireReply> {
+    let reply = run_one(conn, rule, keys, owner, Operation::acquire(ttl)).await?;
     Ok(AcquireReply::from_reply(reply))
 }
 

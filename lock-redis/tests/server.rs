@@ -75,6 +75,7 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
         ..LockerOptions::default()
     });
     let held = locker.try_acquire("handoff", TTL).await.unwrap();
+    let attempts_before = command_calls(&server, "evalsha");
 
     let waiters: Vec<_> = (0..3)
         .map(|_| {
@@ -89,9 +90,10 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
             })
         })
         .collect();
-    // Every waiter has tried, lost, and is now subscribed.
+    // Every waiter has tried twice (before and after subscribing), lost,
+    // and is now subscribed.
     timeout(Duration::from_secs(20), async {
-        while subscribers(&server) != 1 {
+        while subscribers(&server) != 1 || command_calls(&server, "evalsha") < attempts_before + 6 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -117,6 +119,13 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
             woke - released
         );
     }
+    // Each release woke one waiter, which took the lock: the release and
+    // the three waiters' grants and releases, no refused attempt (a herd).
+    assert_eq!(
+        command_calls(&server, "evalsha") - attempts_before,
+        6 + 7,
+        "a release woke more than one waiter"
+    );
     // The last waiter gone, the channel is unsubscribed.
     timeout(Duration::from_secs(20), async {
         while subscribers(&server) != 0 {
