@@ -94,6 +94,8 @@ struct Entry {
     revision: i64,
     /// When the lease grant was sent: the lease's TTL runs from later.
     sent: Instant,
+    /// The entry just ahead of this one when it was created, if any.
+    ahead: Option<Vec<u8>>,
     revoke: RevokeOnDrop,
 }
 
@@ -402,12 +404,19 @@ impl EtcdBackend {
         }
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         let head = gets(&resp).into_iter().next().flatten();
+        let ahead = match resp.op_responses().into_iter().nth(2) {
+            Some(TxnOpResponse::Get(newest_two)) => {
+                newest_two.kvs().get(1).map(|kv| kv.key().to_vec())
+            }
+            _ => None,
+        };
         let entry = Entry {
             entry,
             lease_id,
             ttl_secs: ttl.as_secs() as i64,
             revision,
             sent,
+            ahead,
             revoke,
         };
         Ok((entry, head))
@@ -461,7 +470,7 @@ impl EtcdBackend {
     async fn wait_in_queue(
         &self,
         key: &LockKey,
-        entry: Entry,
+        mut entry: Entry,
         ttl: Duration,
         wait: &Waiting,
         last_error: &mut Option<Error>,
@@ -471,19 +480,36 @@ impl EtcdBackend {
         let every = ttl / 3;
         let mut refreshed = entry.sent;
         let mut tries = 0u32;
+        // The entry believed to be just ahead: watched from before each check.
+        let mut watching = entry.ahead.take();
         loop {
+            // The watch is set up before the check (not from the check's
+            // revision after it, which etcd would serve through its catch-up
+            // loop, up to 100 ms late). The check is a linearizable read, so
+            // it sees every revision the watch started after: if it still
+            // finds the watched entry, that entry's deletion will be reported.
+            let watch = match &watching {
+                Some(ahead) => {
+                    wake::Deletion::from_now(
+                        self.client(),
+                        ahead.clone(),
+                        self.inner.request_timeout,
+                    )
+                    .await
+                }
+                None => None,
+            };
             let checked = self
                 .txn("queue check", queue.check(&entry.entry, entry.revision))
                 .await;
-            let (ahead, revision) = match checked {
+            let ahead = match checked {
                 Ok(resp) => {
-                    let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
                     let [ahead, mine] =
                         <[Option<KeyValue>; 2]>::try_from(gets(&resp)).unwrap_or_default();
                     if mine.is_none() {
                         return Ok(None);
                     }
-                    (ahead, revision)
+                    ahead
                 }
                 Err(e @ Error::Unavailable { .. }) => {
                     // Keep our place while the lease may still live; retry.
@@ -499,27 +525,54 @@ impl EtcdBackend {
             };
             tries = 0;
             let Some(ahead) = ahead else {
-                // First in line. Renew the lease before reporting success: the
-                // entry read above may belong to a lease that expired since
-                // (the gap Jepsen found in etcd 3.4.3's lock).
-                let sent = Instant::now();
-                return match self.keep_alive(key, entry.lease_id).await {
-                    Ok(()) => Ok(Some(entry.into_grant(sent))),
-                    Err(Error::Lost { .. }) => Ok(None),
-                    Err(e) => Err(e),
+                // First in line. The entry read above may belong to a lease
+                // that has expired since, its revoke not yet committed (the
+                // gap Jepsen found in etcd 3.4.3's lock), so the grant counts
+                // from a renewal known to have succeeded.
+                //
+                // Why a recent renewal needs no new keep-alive: the lease
+                // grant or keep-alive sent at `refreshed` succeeded, so the
+                // server runs the lease's full TTL from no earlier than
+                // `refreshed` (the assumption every deadline here rests on;
+                // a new leader only extends leases). Until then only a revoke
+                // or a delete removes the entry, and the check, which ran
+                // after `refreshed`, found it with nothing ahead (entries
+                // queued later are behind it). So the lock is ours until
+                // `refreshed` + TTL, and the Locker's deadline (`refreshed` +
+                // TTL − drift margin, refused if already past) holds, as for
+                // a grant at enqueue. A keep-alive now would only move the
+                // deadline later: worth its round trip only once more than a
+                // tenth of the TTL would be given up.
+                let sent = if Instant::now() < refreshed + ttl / 10 {
+                    refreshed
+                } else {
+                    let sent = Instant::now();
+                    match self.keep_alive(key, entry.lease_id).await {
+                        Ok(()) => sent,
+                        Err(Error::Lost { .. }) => return Ok(None),
+                        Err(e) => return Err(e),
+                    }
                 };
+                return Ok(Some(entry.into_grant(sent)));
             };
-            let client = self.client();
-            let deleted = wake::deletion(
-                client,
-                ahead.key().to_vec(),
-                revision + 1,
-                self.inner.request_timeout,
-            );
+            if watching.as_deref() != Some(ahead.key()) {
+                // Not yet watching the entry just ahead (another one is ahead
+                // now): watch it, then check again.
+                watching = Some(ahead.key().to_vec());
+                continue;
+            }
+            let deleted = async {
+                match watch {
+                    Some(watch) => watch.wait().await,
+                    None => Watched::Broken,
+                }
+            };
             tokio::select! {
-                watched = deleted => if watched == Watched::Broken {
+                watched = deleted => match watched {
+                    // Gone: check at once, without watching it again first.
+                    Watched::Deleted => watching = None,
                     // Read again after a pause; a broken watch must not spin.
-                    sleep(wait.backoff.delay(0)).await;
+                    Watched::Broken => sleep(wait.backoff.delay(0)).await,
                 },
                 () = sleep_until(refreshed + every) => {
                     let sent = Instant::now();

@@ -38,14 +38,24 @@ impl Queue {
     }
 
     /// Creates `entry` bound to `lease` (only if it does not exist: lease ids
-    /// are unique, so this fails only on a bug) and reads the queue's head,
-    /// all in one revision: the put's revision is the entry's create revision.
+    /// are unique, so this fails only on a bug) and reads the queue's head
+    /// and its two newest entries (the new one, then the one just ahead of
+    /// it), all in one revision: the put's revision is the entry's create
+    /// revision.
     pub(crate) fn enqueue(&self, entry: &[u8], lease: i64, owner_hex: &str) -> Txn {
+        // The entry just ahead lets a waiter set up its watch before its
+        // first queue check, rather than after it.
+        let newest_two = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2);
         Txn::new()
             .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease))),
                 TxnOp::get(self.prefix.clone(), Some(self.head())),
+                TxnOp::get(self.prefix.clone(), Some(newest_two)),
             ])
     }
 

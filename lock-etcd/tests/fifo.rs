@@ -1,4 +1,6 @@
-//! Waiters are granted in the order they queued (on the shared cluster).
+//! Waiters are granted in the order they queued, follow the queue as
+//! entries ahead of them leave, and are granted no longer than their own
+//! lease lasts (on the shared cluster).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,6 +69,104 @@ async fn twenty_waiters_are_granted_in_the_order_they_queued() {
         0,
         "the queue is empty at the end"
     );
+}
+
+/// When the waiter just ahead gives up, the one behind it watches the next
+/// entry ahead instead, and is granted as soon as that one is released (not
+/// at its next lease renewal, a third of the TTL later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_follows_the_queue_when_the_entry_ahead_leaves() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    let backend = EtcdBackend::connect(&url).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let key = format!("follow-{:016x}", unique());
+    let holder = locker.try_acquire(&key, TTL).await.expect("holder");
+    let quitter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move { locker.acquire(&key, TTL, Duration::from_millis(1500)).await })
+    };
+    wait_for_queue_len(&backend, &key, 2).await;
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = locker
+                .acquire(&key, TTL, Duration::from_secs(60))
+                .await
+                .expect("acquire");
+            (lease, Instant::now())
+        })
+    };
+    wait_for_queue_len(&backend, &key, 3).await;
+    assert!(
+        quitter.await.expect("quitter panicked").is_err(),
+        "the quitter's wait ends while the lock is held"
+    );
+    wait_for_queue_len(&backend, &key, 2).await;
+    let released = Instant::now();
+    locker.release(holder).await.expect("release the holder");
+    let (lease, granted) = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter is granted")
+        .expect("waiter panicked");
+    assert!(
+        granted - released < Duration::from_secs(5),
+        "granted {:?} after the release",
+        granted - released
+    );
+    locker.release(lease).await.expect("release");
+}
+
+/// A waiter's grant, never renewed, lapses on the server no earlier than the
+/// deadline it was given, also when its deadline counts from the lease
+/// renewal before its wait rather than from a keep-alive at the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_grant_lapses_no_earlier_than_its_deadline() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    // The cluster's minimum: the shortest wait for the expiry.
+    let ttl = Duration::from_secs(2);
+    let backend = EtcdBackend::connect(&url).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let key = format!("lapse-{:016x}", unique());
+    let holder = locker.try_acquire(&key, TTL).await.expect("holder");
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, ttl, Duration::from_secs(30))
+                .await
+                .expect("acquire")
+        })
+    };
+    wait_for_queue_len(&backend, &key, 2).await;
+    locker.release(holder).await.expect("release the holder");
+    let lapsing = waiter.await.expect("waiter panicked");
+    // The next contender gets the lock once the waiter's lease has expired.
+    let next = locker
+        .acquire(&key, TTL, Duration::from_secs(30))
+        .await
+        .expect("granted after the lapse");
+    let granted = Instant::now();
+    assert!(
+        granted >= lapsing.deadline(),
+        "granted again {:?} before the lapsed holder's deadline",
+        lapsing.deadline() - granted
+    );
+    locker.release(next).await.expect("release");
+}
+
+async fn wait_for_queue_len(backend: &EtcdBackend, key: &str, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while backend.queue_len(key).await.expect("queue length") != len {
+        assert!(
+            Instant::now() < deadline,
+            "the queue never held {len} entries"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A key suffix no earlier run used.
