@@ -144,7 +144,7 @@ impl PostgresBackend {
             .map_err(|e| errors::backend("creating the schema failed", e))?;
         }
         // Tokens must strictly increase across sessions and crashes.
-        let settings = sqlx::query_as::<_, sql::SequenceSettings>(statements.sequence)
+        let settings = sqlx::query_as::<_, sql::SequenceRow>(statements.sequence)
             .bind(options.names.schema())
             .bind(options.names.sequence_name());
         let settings = within(
@@ -155,6 +155,7 @@ impl PostgresBackend {
         )
         .await?
         .map_err(|e| errors::connect(&conns.endpoint, e))?;
+        let settings = settings.map(sql::SequenceSettings::from);
         if let Some(message) = sql::sequence_problem(&options.names.sequence(), settings) {
             return Err(Error::Backend {
                 backend: errors::BACKEND,

@@ -150,7 +150,8 @@ impl Statements {
                  AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> '' ORDER BY k.name"
             ),
             exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-            sequence: "SELECT s.cache_size, s.cycle, s.increment_by, c.relpersistence = 'u' \
+            sequence: "SELECT s.cache_size, s.cycle, s.increment_by, c.relpersistence = 'u', \
+                       s.min_value, s.max_value, s.start_value, coalesce(s.last_value, s.start_value) \
                        FROM pg_catalog.pg_sequences s \
                        JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname \
                        JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.sequencename \
@@ -164,8 +165,41 @@ impl Statements {
     }
 }
 
-/// What `connect` reads about the sequence: cache size, CYCLE, increment, UNLOGGED.
-pub(crate) type SequenceSettings = (i64, bool, i64, bool);
+/// The row of [`Statements::sequence`], read into [`SequenceSettings`].
+pub(crate) type SequenceRow = (i64, bool, i64, bool, i64, i64, i64, i64);
+
+/// What `connect` reads about the sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SequenceSettings {
+    pub cache: i64,
+    pub cycle: bool,
+    pub increment: i64,
+    pub unlogged: bool,
+    pub min: i64,
+    pub max: i64,
+    pub start: i64,
+    /// The last value handed out, or START if none has been since the
+    /// sequence was created or restarted (`pg_sequences` does not show a
+    /// `RESTART WITH` value not yet handed out).
+    pub current: i64,
+}
+
+impl From<SequenceRow> for SequenceSettings {
+    fn from(
+        (cache, cycle, increment, unlogged, min, max, start, current): SequenceRow,
+    ) -> SequenceSettings {
+        SequenceSettings {
+            cache,
+            cycle,
+            increment,
+            unlogged,
+            min,
+            max,
+            start,
+            current,
+        }
+    }
+}
 
 /// Why fencing tokens drawn from `sequence` would not always increase, with
 /// the `ALTER SEQUENCE` that fixes it; `None` if they would. `settings` is
@@ -174,7 +208,17 @@ pub(crate) fn sequence_problem(
     sequence: &str,
     settings: Option<SequenceSettings>,
 ) -> Option<String> {
-    let Some((cache, cycle, increment, unlogged)) = settings else {
+    let Some(SequenceSettings {
+        cache,
+        cycle,
+        increment,
+        unlogged,
+        min,
+        max,
+        start,
+        current,
+    }) = settings
+    else {
         return Some(format!(
             "{sequence} is not a sequence; fencing tokens need one: `CREATE SEQUENCE {sequence} AS bigint MINVALUE 1 CACHE 1 NO CYCLE`"
         ));
@@ -187,26 +231,48 @@ pub(crate) fn sequence_problem(
         why.push(format!(
             "has CACHE {cache}, so fencing tokens drawn by different sessions would not increase"
         ));
-        fix.push("CACHE 1");
+        fix.push("CACHE 1".to_owned());
     }
     if cycle {
         why.push(
             "has CYCLE, so it wraps around at its MAXVALUE and fencing tokens would go backwards"
                 .to_owned(),
         );
-        fix.push("NO CYCLE");
+        fix.push("NO CYCLE".to_owned());
     }
     if increment <= 0 {
         why.push(format!(
             "has INCREMENT BY {increment}, so fencing tokens would not increase"
         ));
-        fix.push("INCREMENT BY 1");
+        fix.push("INCREMENT BY 1".to_owned());
     }
     if unlogged {
         why.push(
             "is UNLOGGED, so a crash resets it and fencing tokens would go backwards".to_owned(),
         );
-        fix.push("SET LOGGED");
+        fix.push("SET LOGGED".to_owned());
+    }
+    // Values below 1 are all read as fencing token 0.
+    if min < 1 {
+        why.push(format!(
+            "has MINVALUE {min}, so it can hand out values below 1, all read as fencing token 0, and fencing tokens would not increase"
+        ));
+        // PostgreSQL refuses a MINVALUE not below MAXVALUE, or above START or
+        // the current value. The current value is moved only if below 1: the
+        // latest tokens were then all 0, so restarting (at START, 1 or more
+        // by then) goes forwards; one of 1 or more must not be restarted.
+        // After INCREMENT BY 1 (run before), NO MAXVALUE is the type's maximum.
+        let mut f = "MINVALUE 1".to_owned();
+        if max <= 1 {
+            f.push_str(" NO MAXVALUE");
+        }
+        if start < 1 {
+            f.push_str(" START WITH 1");
+        }
+        if current < 1 {
+            f.push_str(" RESTART");
+        }
+        fix.push(f);
     }
     if why.is_empty() {
         return None;
@@ -272,21 +338,124 @@ mod tests {
         assert!(!custom.contains("\"lockkit\""), "{custom}");
     }
 
+    /// The shipped sequence, after some tokens were drawn.
+    fn fine() -> SequenceSettings {
+        SequenceSettings {
+            cache: 1,
+            cycle: false,
+            increment: 1,
+            unlogged: false,
+            min: 1,
+            max: i64::MAX,
+            start: 1,
+            current: 42,
+        }
+    }
+
     #[test]
-    fn only_a_logged_increasing_uncached_non_cycling_sequence_passes() {
+    fn only_a_logged_increasing_uncached_non_cycling_sequence_from_1_passes() {
         let seq = "\"s\".\"t\"";
-        assert_eq!(sequence_problem(seq, Some((1, false, 1, false))), None);
-        assert_eq!(sequence_problem(seq, Some((1, false, 7, false))), None);
+        assert_eq!(sequence_problem(seq, Some(fine())), None);
+        let steps_of_7 = SequenceSettings {
+            increment: 7,
+            ..fine()
+        };
+        assert_eq!(sequence_problem(seq, Some(steps_of_7)), None);
+        let from_5 = SequenceSettings {
+            min: 5,
+            start: 5,
+            ..fine()
+        };
+        assert_eq!(sequence_problem(seq, Some(from_5)), None);
         let cases = [
-            ((20, false, 1, false), "has CACHE 20", "CACHE 1"),
-            ((1, true, 1, false), "has CYCLE", "NO CYCLE"),
             (
-                (1, false, -1, false),
+                SequenceSettings {
+                    cache: 20,
+                    ..fine()
+                },
+                "has CACHE 20",
+                "CACHE 1",
+            ),
+            (
+                SequenceSettings {
+                    cycle: true,
+                    ..fine()
+                },
+                "has CYCLE",
+                "NO CYCLE",
+            ),
+            (
+                SequenceSettings {
+                    increment: -1,
+                    ..fine()
+                },
                 "has INCREMENT BY -1",
                 "INCREMENT BY 1",
             ),
-            ((1, false, 0, false), "has INCREMENT BY 0", "INCREMENT BY 1"),
-            ((1, false, 1, true), "is UNLOGGED", "SET LOGGED"),
+            (
+                SequenceSettings {
+                    increment: 0,
+                    ..fine()
+                },
+                "has INCREMENT BY 0",
+                "INCREMENT BY 1",
+            ),
+            (
+                SequenceSettings {
+                    unlogged: true,
+                    ..fine()
+                },
+                "is UNLOGGED",
+                "SET LOGGED",
+            ),
+            // Already past 0: nothing to restart.
+            (
+                SequenceSettings { min: 0, ..fine() },
+                "has MINVALUE 0",
+                "MINVALUE 1",
+            ),
+            // Started below 1, now past 0: START must follow, the value must not.
+            (
+                SequenceSettings {
+                    min: -10,
+                    start: -5,
+                    current: 3,
+                    ..fine()
+                },
+                "has MINVALUE -10",
+                "MINVALUE 1 START WITH 1",
+            ),
+            // Still below 1 (or never drawn from): restarted at the new START.
+            (
+                SequenceSettings {
+                    min: -10,
+                    start: -5,
+                    current: -5,
+                    ..fine()
+                },
+                "has MINVALUE -10",
+                "MINVALUE 1 START WITH 1 RESTART",
+            ),
+            (
+                SequenceSettings {
+                    min: -10,
+                    start: 1,
+                    current: 0,
+                    ..fine()
+                },
+                "has MINVALUE -10",
+                "MINVALUE 1 RESTART",
+            ),
+            // MINVALUE must stay below MAXVALUE.
+            (
+                SequenceSettings {
+                    min: 0,
+                    max: 1,
+                    ..fine()
+                },
+                "has MINVALUE 0",
+                "MINVALUE 1 NO MAXVALUE",
+            ),
         ];
         for (settings, why, fix) in cases {
             let message = sequence_problem(seq, Some(settings)).expect("refused");
@@ -296,11 +465,23 @@ mod tests {
                 "{message}"
             );
         }
-        let all = sequence_problem(seq, Some((5, true, -2, true))).expect("refused");
+        // A descending sequence as PostgreSQL makes one by default.
+        let descending = SequenceSettings {
+            cache: 5,
+            cycle: true,
+            increment: -2,
+            unlogged: true,
+            min: i64::MIN,
+            max: -1,
+            start: -1,
+            current: -7,
+        };
+        let all = sequence_problem(seq, Some(descending)).expect("refused");
         assert!(
             all.contains(&format!(
                 "`ALTER SEQUENCE {seq} CACHE 1; ALTER SEQUENCE {seq} NO CYCLE; \
-                 ALTER SEQUENCE {seq} INCREMENT BY 1; ALTER SEQUENCE {seq} SET LOGGED`"
+                 ALTER SEQUENCE {seq} INCREMENT BY 1; ALTER SEQUENCE {seq} SET LOGGED; \
+                 ALTER SEQUENCE {seq} MINVALUE 1 NO MAXVALUE START WITH 1 RESTART`"
             )),
             "{all}"
         );

@@ -480,6 +480,125 @@ async fn an_unlogged_cycling_or_decreasing_sequence_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_that_can_hand_out_values_below_1_is_refused() {
+    let Some((url, _)) = setup("").await else {
+        return;
+    };
+    let schema = own_schema();
+    let mut admin = plain(&url).await;
+    PostgresBackend::connect(&format!("{url}?schema={schema}"))
+        .await
+        .expect("creates the schema");
+    // (sequence, how it is created, values drawn before connecting, what the
+    // refusal says, the fixes it names, the first token after them)
+    let cases = [
+        (
+            "fresh",
+            "MINVALUE -10 START -5",
+            0,
+            "has MINVALUE -10",
+            vec!["MINVALUE 1 START WITH 1 RESTART"],
+            1,
+        ),
+        (
+            "still_below_1",
+            "MINVALUE -10 START -5",
+            3,
+            "has MINVALUE -10",
+            vec!["MINVALUE 1 START WITH 1 RESTART"],
+            1,
+        ),
+        // Values 1 and 2 were handed out: the sequence must go on from there.
+        (
+            "past_0",
+            "MINVALUE -10 START -2",
+            5,
+            "has MINVALUE -10",
+            vec!["MINVALUE 1 START WITH 1"],
+            3,
+        ),
+        (
+            "from_0",
+            "MINVALUE 0 MAXVALUE 1 START 0",
+            0,
+            "has MINVALUE 0",
+            vec!["MINVALUE 1 NO MAXVALUE START WITH 1 RESTART"],
+            1,
+        ),
+        // PostgreSQL's default descending sequence: MAXVALUE -1.
+        (
+            "descending",
+            "INCREMENT -1",
+            1,
+            "has MINVALUE -9223372036854775808",
+            vec![
+                "INCREMENT BY 1",
+                "MINVALUE 1 NO MAXVALUE START WITH 1 RESTART",
+            ],
+            1,
+        ),
+    ];
+    let mut outcomes = Vec::new();
+    for (name, create, drawn, why, fixes, first) in cases {
+        let sequence = format!("\"{schema}\".\"{name}\"");
+        let own = format!("{url}?schema={schema}&sequence={name}");
+        sqlx::raw_sql(&format!(
+            "CREATE SEQUENCE {sequence} AS bigint {create} CACHE 1 NO CYCLE; \
+             SELECT nextval('{sequence}') FROM generate_series(1, {drawn})"
+        ))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        let refused = PostgresBackend::connect(&own).await.map(|_| ());
+        // Runs the fix exactly as the refusal words it.
+        let named = refused.as_ref().err().and_then(|e| {
+            let message = e.to_string();
+            let (_, fix) = message.split_once("; run `")?;
+            Some(fix.strip_suffix('`')?.to_owned())
+        });
+        let fixed = match &named {
+            Some(fix) => sqlx::raw_sql(fix).execute(&mut admin).await.map(|_| ()),
+            None => Ok(()),
+        };
+        let token = async {
+            let backend = PostgresBackend::connect(&own).await?;
+            let locker = Locker::new(backend);
+            let lease = locker
+                .try_acquire(&format!("{}{name}", prefix()), Duration::from_secs(30))
+                .await?;
+            let token = lease.fencing_token();
+            locker.release(lease).await?;
+            Ok::<_, Error>(token)
+        }
+        .await;
+        let expected = fixes
+            .iter()
+            .map(|f| format!("ALTER SEQUENCE {sequence} {f}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        outcomes.push((sequence, why, expected, first, refused, named, fixed, token));
+    }
+    drop_schema(&mut admin, &schema).await;
+
+    for (sequence, why, expected, first, refused, named, fixed, token) in outcomes {
+        let Err(err) = refused else {
+            panic!("{sequence} was accepted");
+        };
+        let message = err.to_string();
+        assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+        assert!(
+            message.contains(&format!("sequence {sequence} "))
+                && message.contains(&format!(" {why}, so it can hand out values below 1")),
+            "{message}"
+        );
+        assert_eq!(named.as_deref(), Some(expected.as_str()), "{message}");
+        fixed.unwrap_or_else(|e| panic!("`{expected}` failed: {e}"));
+        let token = token.unwrap_or_else(|e| panic!("still refused after `{expected}`: {e}"));
+        assert_eq!(token, FencingToken::new(first), "after `{expected}`");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
     let Some((url, _)) = setup("").await else {
         return;
