@@ -169,14 +169,30 @@ impl Postgres {
     /// the backends serving their clients for a while). Does nothing if the
     /// server is not running.
     pub fn kill(&self) -> io::Result<()> {
+        let mut children = Vec::new();
         if let Some(pid) = self.process.pid() {
             // Stopped first, so it cannot fork a new child while we look.
             let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
-            for child in children_of(pid) {
+            children = children_of(pid);
+            for &child in &children {
                 let _ = signal::kill(Pid::from_raw(child), Signal::SIGKILL);
             }
         }
-        self.process.kill()
+        self.process.kill()?;
+        // A backend still exiting keeps the shared memory attached, and a
+        // restart then refuses to start ("pre-existing shared memory block
+        // is still in use"). Nothing signals their end to us (they are not
+        // our children), so look until each has exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while children.iter().any(|&child| !has_exited(child)) {
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::other(
+                    "postgres backends still running 10 s after SIGKILL",
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(())
     }
 
     /// SIGSTOP to the postmaster and every backend: the server keeps its
@@ -264,6 +280,17 @@ fn server_user() -> io::Result<Option<(u32, u32)>> {
 }
 
 /// PIDs whose parent is `pid`, from /proc.
+/// Gone, or a zombie (it has released its memory; only its exit status is left).
+fn has_exited(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // "PID (comm) STATE ...": comm may contain spaces and ')'.
+    stat.rfind(')')
+        .and_then(|end| stat[end + 1..].split_whitespace().next())
+        .is_none_or(|state| state == "Z" || state == "X")
+}
+
 fn children_of(pid: u32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
