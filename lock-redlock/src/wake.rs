@@ -39,6 +39,9 @@ struct Channel {
     released: Arc<Notify>,
     /// The highest fencing token a release message carried.
     newest: u64,
+    /// Every node confirmed the subscription and none disconnected since:
+    /// a new waiter needs no subscribe round of its own.
+    subscribed: bool,
 }
 
 impl Channel {
@@ -105,7 +108,7 @@ impl Wakeups {
     /// waiting at most the per-node timeout for each confirmation. `None`
     /// when no node confirmed (the waiter then polls).
     pub(crate) async fn on_release(&self, channel: String) -> Option<WakeUpFuture> {
-        let mut released = {
+        let (mut released, subscribed) = {
             let mut interest = lock(&self.interest);
             let entry = interest
                 .channels
@@ -114,9 +117,11 @@ impl Wakeups {
                     waiters: 0,
                     released: Arc::new(Notify::new()),
                     newest: 0,
+                    subscribed: false,
                 });
             entry.waiters += 1;
-            Box::pin(entry.released.clone().notified_owned())
+            let released = Box::pin(entry.released.clone().notified_owned());
+            (released, entry.subscribed)
         };
         // In line from now: a message while the subscriptions are confirmed counts.
         released.as_mut().enable();
@@ -124,6 +129,14 @@ impl Wakeups {
             wakeups: self.clone(),
             channel: channel.clone(),
         };
+        if subscribed {
+            // Another waiter of this backend keeps the channel subscribed
+            // everywhere (each round of a wait registers anew).
+            return Some(Box::pin(async move {
+                let _registration = registration;
+                released.await;
+            }));
+        }
         let confirmations = self.nodes.iter().map(|node| {
             let (ack, confirmed) = oneshot::channel();
             let sent = node.send(Command::Subscribe(channel.clone(), ack)).is_ok();
@@ -140,6 +153,11 @@ impl Wakeups {
             .count();
         if confirmed == 0 {
             return None;
+        }
+        if confirmed == self.nodes.len()
+            && let Some(entry) = lock(&self.interest).channels.get_mut(&channel)
+        {
+            entry.subscribed = true;
         }
         Some(Box::pin(async move {
             let _registration = registration;
@@ -180,7 +198,10 @@ fn lock(interest: &Mutex<Interest>) -> MutexGuard<'_, Interest> {
 /// missed, so each waiter attempts again rather than sleep out its backoff.
 fn wake_everyone(interest: &std::sync::Weak<Mutex<Interest>>) {
     if let Some(interest) = interest.upgrade() {
-        for entry in lock(&interest).channels.values() {
+        for entry in lock(&interest).channels.values_mut() {
+            // Resubscribed on reconnection; until a waiter sees it confirmed,
+            // new waiters subscribe themselves.
+            entry.subscribed = false;
             entry.released.notify_waiters();
         }
     }
@@ -231,8 +252,8 @@ async fn subscriber(
             None => return,
         };
         let mut healthy = true;
-        for channel in wanted {
-            healthy &= sink.subscribe(&channel).await.is_ok();
+        for channel in &wanted {
+            healthy &= sink.subscribe(channel).await.is_ok();
         }
         // A node that connects but refuses to subscribe is retried slowly.
         retry = if healthy {
@@ -240,9 +261,11 @@ async fn subscriber(
         } else {
             (retry * 2).min(Duration::from_secs(2))
         };
+        // The new waiter's channel is among those just subscribed, unless it
+        // has left meanwhile.
         if let Some((channel, ack)) = first
             && healthy
-            && sink.subscribe(&channel).await.is_ok()
+            && (wanted.contains(&channel) || sink.subscribe(&channel).await.is_ok())
         {
             let _ = ack.send(());
         }
@@ -286,6 +309,15 @@ mod tests {
 
     use super::*;
 
+    fn subscribe_calls(server: &RedisServer) -> u64 {
+        let stats = server.cli(&["INFO", "commandstats"]).unwrap();
+        stats
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("cmdstat_subscribe:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().unwrap())
+    }
+
     fn subscribers(server: &RedisServer, channel: &str) -> String {
         let reply = server.cli(&["PUBSUB", "NUMSUB", channel]).unwrap();
         reply.lines().nth(1).unwrap_or_default().to_owned()
@@ -299,6 +331,11 @@ mod tests {
         let first = wakeups.on_release("ch".into()).await.expect("subscribed");
         let second = wakeups.on_release("ch".into()).await.expect("subscribed");
         assert_eq!(subscribers(&server, "ch"), "1");
+        assert_eq!(
+            subscribe_calls(&server),
+            1,
+            "the second waiter subscribed again a channel already subscribed"
+        );
 
         server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
         timeout(Duration::from_secs(5), first)
