@@ -1,6 +1,5 @@
 //! Owner tokens and other secrets that must never be printed.
 
-use std::cell::RefCell;
 use std::fmt;
 
 /// 128 random bits that identify one grant to the backend. Only the holder
@@ -10,14 +9,15 @@ use std::fmt;
 pub struct OwnerToken([u8; 16]);
 
 impl OwnerToken {
-    /// A fresh token from the operating system's random source.
-    ///
-    /// The bytes are fetched 1 KiB at a time per thread: a `getrandom` call
-    /// per token was most of the system calls an uncontended acquire made.
-    /// A forked child refills before its first token, so it never repeats
-    /// one of its parent's.
+    /// A fresh token from the operating system's random source, asked for
+    /// each token: bytes kept in the process would be handed out twice by a
+    /// process cloned from a snapshot (or a fork that kept its pid), and
+    /// two owners sharing a token could release each other's locks.
     pub fn random() -> Self {
-        RANDOM.with(|pool| pool.borrow_mut().take())
+        let mut bytes = [0u8; 16];
+        // The OS random source failing is not something a lock can recover from.
+        getrandom::fill(&mut bytes).expect("the operating system's random source is unavailable");
+        OwnerToken(bytes)
     }
 
     /// Rebuilds a token from its bytes (for example one stored by a tool).
@@ -42,40 +42,6 @@ impl OwnerToken {
             hex.push(DIGITS[usize::from(b & 0x0f)] as char);
         }
         hex
-    }
-}
-
-thread_local! {
-    static RANDOM: RefCell<RandomPool> = const {
-        RefCell::new(RandomPool { bytes: [0; POOL], used: POOL, pid: 0 })
-    };
-}
-
-const POOL: usize = 1024;
-
-/// Random bytes from the OS, handed out 16 at a time.
-struct RandomPool {
-    bytes: [u8; POOL],
-    used: usize,
-    /// The process that filled the pool.
-    pid: u32,
-}
-
-impl RandomPool {
-    fn take(&mut self) -> OwnerToken {
-        let pid = std::process::id();
-        if self.used == POOL || self.pid != pid {
-            // The OS random source failing is not something a lock can recover from.
-            getrandom::fill(&mut self.bytes)
-                .expect("the operating system's random source is unavailable");
-            (self.used, self.pid) = (0, pid);
-        }
-        let mut token = [0u8; 16];
-        token.copy_from_slice(&self.bytes[self.used..self.used + 16]);
-        // Handed-out bytes are not kept.
-        self.bytes[self.used..self.used + 16].fill(0);
-        self.used += 16;
-        OwnerToken(token)
     }
 }
 
@@ -118,8 +84,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_stay_distinct_across_pool_refills_and_threads() {
-        // 64 tokens per refill: this crosses many refills on each thread.
+    fn tokens_stay_distinct_across_threads() {
         let per_thread = 5_000;
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -133,7 +98,6 @@ mod tests {
         let mut all = std::collections::HashSet::new();
         for thread in threads {
             for token in thread.join().unwrap() {
-                assert_ne!(token.0, [0; 16], "a handed-out (zeroed) slot was reused");
                 assert!(all.insert(token.0), "a token repeated");
             }
         }

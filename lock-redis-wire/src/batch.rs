@@ -175,6 +175,10 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
     let mut busy = Busy::default();
     let mut open = true;
     loop {
+        // Acquires nobody waits for any more would only grant a lock to no
+        // one; dropped on every pass, also while the wire is full.
+        waiting
+            .retain(|r| !(r.reply.is_closed() && matches!(r.operation, Operation::Acquire { .. })));
         while in_flight.len() < IN_FLIGHT {
             let batch = take_batch(&mut waiting, &busy);
             if batch.is_empty() {
@@ -229,10 +233,8 @@ impl Hasher for IdHasher {
 /// Takes up to [`MAX_BATCH`] waiting requests, in order, up to the first
 /// whose claim is on the wire: that one and all after it wait, so that
 /// every operation runs after those asked before it, as on a plain
-/// connection. Drops acquires nobody waits for any more: they would only
-/// grant a lock to no one.
+/// connection.
 fn take_batch(waiting: &mut Vec<Request>, busy: &Busy) -> Vec<Request> {
-    waiting.retain(|r| !(r.reply.is_closed() && matches!(r.operation, Operation::Acquire { .. })));
     let ready = waiting
         .iter()
         .take(MAX_BATCH)

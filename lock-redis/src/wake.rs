@@ -107,6 +107,9 @@ impl Wakeups {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if !waiter.subscribed().await {
+                // Out of line before waiting for nothing: a release message
+                // handed to this waiter would sit here until its poll.
+                notified.set(waiter.notify.notified());
                 return std::future::pending().await;
             }
             match redis::cmd("EXISTS")

@@ -223,8 +223,10 @@ impl RedlockBackend {
 fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec<Node>> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.connect_timeout))
-        // The per-node timeout bounds every request; the manager need not time them too.
-        .set_response_timeout(None)
+        // The per-node timeout bounds every request for its caller; on the
+        // connection it also ends a batch stuck on a paused or unreachable
+        // node, so that the node's queue moves on rather than grow.
+        .set_response_timeout(Some(options.node_timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
     (0..settings.servers.len())
@@ -388,11 +390,13 @@ impl LockBackend for RedlockBackend {
                 tally.to_error("extend", &self.inner.endpoints),
             ));
         };
-        // The nodes that did extend would block others for a whole TTL.
+        // The nodes that did extend would block others for a whole TTL; so
+        // would one whose answer was lost (its extend may run yet: the
+        // release goes after it on the node's connection).
         let extended: Vec<bool> = tally
             .replies()
             .iter()
-            .map(|r| matches!(r, Reply::Done(())))
+            .map(|r| !matches!(r, Reply::Refused { .. }))
             .collect();
         let claim = &Claim::new(keys.clone(), owner);
         self.release_on(claim, lease.fencing_token().get(), |i| extended[i])
