@@ -3,19 +3,13 @@
 //! Each release wakes ONE waiter, the one waiting longest: a release frees
 //! the lock for one new holder, and waking all would have every other
 //! waiter send a refused attempt to every node (a herd). A release is
-//! published on every node, with the grant's fencing token as the message;
-//! tokens of a key increase, so a message whose token is not above the
-//! highest seen is the same release from another node (or an older one)
-//! and wakes nobody. A message without a token (an operator's force
+//! published on every node, with the grant's fencing token as the message.
+//! The first node to tell of a release wakes one waiter; so does the node
+//! that makes it a majority, in case the first waiter's attempt reached
+//! most nodes before the release did (a waiter in another process) and was
+//! refused. The other nodes' messages, and older tokens (tokens of a key
+//! increase), wake nobody. A message without a token (an operator's force
 //! release, a clean-up after a failed acquire) wakes one waiter.
-//!
-//! One pub/sub connection per node, shared by every waiter of this backend.
-//! Each node's connection is driven by one task that subscribes a channel
-//! while somebody waits on it, and after a disconnection wakes every waiter
-//! (messages may have been missed) and reconnects and resubscribes while
-//! channels are still wanted.
-//! A message missed meanwhile costs the waiter latency, never liveness: the
-//! wait loop keeps polling with backoff.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,27 +31,41 @@ struct Channel {
     waiters: usize,
     /// Wakes one waiter per release, from whichever node tells first.
     released: Arc<Notify>,
-    /// The highest fencing token a release message carried.
+    /// The highest fencing token a release message carried...
     newest: u64,
+    /// ... and the nodes that told of it, one bit each.
+    told: u64,
     /// Every node confirmed the subscription and none disconnected since:
     /// a new waiter needs no subscribe round of its own.
     subscribed: bool,
 }
 
 impl Channel {
-    /// Wakes one waiter, unless `message` is a release already seen.
-    fn release_message(&mut self, message: &[u8]) {
+    /// Node `node` (of `nodes`) published `message` on this channel: wakes
+    /// one waiter for the first and the majority-making node of a release.
+    /// Returns whether it woke one.
+    fn release_message(&mut self, message: &[u8], node: usize, nodes: usize) -> bool {
         let token = std::str::from_utf8(message)
             .ok()
             .and_then(|m| m.parse::<u64>().ok())
             .unwrap_or(0);
-        if token != 0 {
-            if token <= self.newest {
-                return;
+        let bit = 1u64 << (node % 64);
+        let wake = match token {
+            0 => true,
+            t if t > self.newest => {
+                (self.newest, self.told) = (t, bit);
+                true
             }
-            self.newest = token;
+            t if t == self.newest && self.told & bit == 0 => {
+                self.told |= bit;
+                self.told.count_ones() as usize == crate::quorum(nodes)
+            }
+            _ => false,
+        };
+        if wake {
+            self.released.notify_one();
         }
-        self.released.notify_one();
+        wake
     }
 }
 
@@ -84,12 +92,15 @@ impl Wakeups {
         connect_timeout: Duration,
     ) -> Self {
         let interest = Arc::new(Mutex::new(Interest::default()));
+        let count = clients.len();
         let nodes = clients
             .into_iter()
-            .map(|client| {
+            .enumerate()
+            .map(|(node, client)| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 tokio::spawn(subscriber(
                     client,
+                    (node, count),
                     Arc::downgrade(&interest),
                     rx,
                     connect_timeout,
@@ -117,6 +128,7 @@ impl Wakeups {
                     waiters: 0,
                     released: Arc::new(Notify::new()),
                     newest: 0,
+                    told: 0,
                     subscribed: false,
                 });
             entry.waiters += 1;
@@ -208,8 +220,10 @@ fn wake_everyone(interest: &std::sync::Weak<Mutex<Interest>>) {
 }
 
 /// Drives one node's pub/sub connection until the backend is dropped.
+/// `(node, nodes)`: this node's index, and how many there are.
 async fn subscriber(
     client: redis::Client,
+    (node, nodes): (usize, usize),
     interest: std::sync::Weak<Mutex<Interest>>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     connect_timeout: Duration,
@@ -276,7 +290,7 @@ async fn subscriber(
                     Some(message) => {
                         let Some(interest) = interest.upgrade() else { return };
                         if let Some(entry) = lock(&interest).channels.get_mut(message.get_channel_name()) {
-                            entry.release_message(message.get_payload_bytes());
+                            entry.release_message(message.get_payload_bytes(), node, nodes);
                         }
                     }
                 },
@@ -391,5 +405,29 @@ mod tests {
         timeout(Duration::from_secs(5), third)
             .await
             .expect("a force release woke nobody");
+    }
+
+    #[test]
+    fn a_release_wakes_at_its_first_and_its_majority_making_node() {
+        let mut channel = Channel {
+            waiters: 1,
+            released: Arc::new(Notify::new()),
+            newest: 0,
+            told: 0,
+            subscribed: true,
+        };
+        let mut tell = |message: &str, node| channel.release_message(message.as_bytes(), node, 5);
+        let woke: Vec<bool> = [("7", 0), ("7", 1), ("7", 1), ("7", 2), ("7", 3), ("7", 4)]
+            .into_iter()
+            .map(|(m, node)| tell(m, node))
+            .collect();
+        assert_eq!(
+            woke,
+            [true, false, false, true, false, false],
+            "token 7 from nodes 0, 1, 1 again, 2 (the third: a majority), 3, 4"
+        );
+        assert!(!tell("6", 0), "an older release woke a waiter");
+        assert!(tell("8", 3), "the next release woke nobody");
+        assert!(tell("released", 1), "a message without a token woke nobody");
     }
 }
