@@ -253,7 +253,7 @@ async fn send<C: ConnectionLike>(mut conn: C, rule: TokenRule, batch: Vec<Reques
     let mut keys = Vec::with_capacity(batch.len());
     for (i, request) in batch.into_iter().enumerate() {
         let answer = match &answers {
-            Ok(answers) => Ok(answers[i]),
+            Ok(answers) => answers[i].clone(),
             Err(e) => Err(e.clone()),
         };
         keys.push(request.claim.id());

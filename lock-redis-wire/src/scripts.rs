@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use lock_core::{FencingToken, OwnerToken};
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
 /// Acquires and releases, any number of them, in order, in one call: how
 /// the backends send them (see [`crate::batch`]); a single acquire or
@@ -52,62 +52,87 @@ use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerEr
 /// fencing token (at least 1) when granted; when held, `-1 - remaining TTL
 /// in ms`, or `0` when the key has no TTL. Release: 1 when the owner's grant
 /// was deleted (and the release published), 0 when the owner did not hold it.
+/// An operation that fails (a key of the wrong type, say) answers its error
+/// text instead (a batch of one: the error itself), leaves no grant behind,
+/// and does not stop the others.
 ///
 /// A granted acquire makes three calls on the common path: `SET NX PX`,
 /// `TIME` (once per batch) and `SET ... GET` on the counter, which reads the
-/// old value in the same call. A batch grants a key at most once (its
-/// holder must see the grant before releasing it), and batches run one after
-/// another for well over a microsecond, so one clock reading serves a batch.
+/// old value in the same call. One clock reading serves a batch: batches
+/// run one after another for well over a microsecond, and a key granted
+/// twice in one batch finds its counter at the clock reading, so its second
+/// token is above the first.
 pub const BATCH_LUA: &str = r#"
 local counter_first = ARGV[1] == 'counter-first'
 local now, now_text
+
+local function release(lock, owner, message)
+  if redis.call('GET', lock) == owner then
+    redis.call('DEL', lock)
+    redis.call('PUBLISH', lock .. ':released', message)
+    return 1
+  end
+  return 0
+end
+
+local function next_token(counter, ttl)
+  local token = 1
+  if counter_first then
+    -- 1: there was no counter; seed it from the clock below.
+    token = redis.call('INCR', counter)
+  end
+  if token ~= 1 then return token end
+  if not now then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+    now_text = t[1] .. string.sub('00000' .. t[2], -6)
+  end
+  -- Keep a counter that tracks the clock for the TTL plus one second.
+  local keep = ttl + 1000
+  local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
+  if old and old >= now then
+    -- The counter is ahead of the clock (a write-back, or a grant in the same
+    -- microsecond): stay above it, and keep it until the clock has passed it.
+    token = old + 1
+    redis.call('SET', counter, string.format('%.0f', token), 'PX', keep + math.floor((token - now) / 1000))
+    return token
+  end
+  return now
+end
+
+local function acquire(lock, counter, owner, ttl)
+  if not redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
+    return -1 - redis.call('PTTL', lock)
+  end
+  local ok, token = pcall(next_token, counter, ttl)
+  if not ok then
+    -- No token, no grant.
+    redis.call('DEL', lock)
+    error(token)
+  end
+  return token
+end
+
 local out, n, k, a = {}, 0, 1, 2
 while a <= #ARGV do
-  local what, owner, lock = ARGV[a], ARGV[a + 1], KEYS[k]
-  local answer
-  if what == 'R' then
-    answer = 0
-    if redis.call('GET', lock) == owner then
-      redis.call('DEL', lock)
-      redis.call('PUBLISH', lock .. ':released', ARGV[a + 2])
-      answer = 1
-    end
+  local ok, answer
+  if ARGV[a] == 'R' then
+    ok, answer = pcall(release, KEYS[k], ARGV[a + 1], ARGV[a + 2])
     k, a = k + 1, a + 3
   else
-    local counter = KEYS[k + 1]
+    ok, answer = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a])
     k, a = k + 2, a + 2
-    if not redis.call('SET', lock, owner, 'NX', 'PX', what) then
-      answer = -1 - redis.call('PTTL', lock)
-    else
-      answer = 1
-      if counter_first then
-        -- 1: there was no counter; seed it from the clock below.
-        answer = redis.call('INCR', counter)
-      end
-      if answer == 1 then
-        if not now then
-          local t = redis.call('TIME')
-          now = t[1] * 1000000 + t[2]
-          now_text = t[1] .. string.sub('00000' .. t[2], -6)
-        end
-        -- Keep a counter that tracks the clock for the TTL plus one second.
-        local keep = what + 1000
-        local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
-        if old and old >= now then
-          -- The counter is ahead of the clock (a write-back, or a grant in the same
-          -- microsecond): stay above it, and keep it until the clock has passed it.
-          answer = old + 1
-          redis.call('SET', counter, string.format('%.0f', answer), 'PX', keep + math.floor((answer - now) / 1000))
-        else
-          answer = now
-        end
-      end
-    end
+  end
+  if not ok then
+    answer = type(answer) == 'table' and answer.err or tostring(answer)
   end
   n = n + 1
   out[n] = answer
 end
-if n == 1 then return out[1] end
+if n == 1 then
+  if type(out[1]) == 'string' then return redis.error_reply(out[1]) end
+  return out[1]
+end
 return out
 "#;
 
@@ -233,12 +258,13 @@ fn millis(ttl: Duration) -> u64 {
 
 /// Runs `operations` (lock keys, owner token in hex, what to do) in order
 /// in one `EVALSHA` of [`BATCH_LUA`], loading the script on `NOSCRIPT`.
-/// Returns one integer per operation (see [`BATCH_LUA`]).
+/// Returns one answer per operation (see [`BATCH_LUA`]): an integer, or the
+/// error of that operation alone.
 pub async fn run_batch<'a, C: ConnectionLike>(
     conn: &mut C,
     rule: TokenRule,
     operations: &[(&'a crate::LockKeys, &'a str, Operation)],
-) -> RedisResult<Vec<i64>> {
+) -> RedisResult<Vec<RedisResult<i64>>> {
     // One command buffer, not ScriptInvocation's vector per argument: a
     // batch carries up to hundreds of arguments.
     let script = &SCRIPTS.batch;
@@ -275,9 +301,10 @@ pub async fn run_batch<'a, C: ConnectionLike>(
         }
         other => other?,
     };
-    let replies: Vec<i64> = match reply {
-        Value::Int(one) => vec![one],
-        many => Vec::<i64>::from_redis_value(many)?,
+    let replies: Vec<RedisResult<i64>> = match reply {
+        Value::Int(one) => vec![Ok(one)],
+        Value::Array(many) => many.into_iter().map(operation_answer).collect(),
+        other => return Err(unexpected(&other)),
     };
     if replies.len() != operations.len() {
         return Err(RedisError::from((
@@ -288,6 +315,27 @@ pub async fn run_batch<'a, C: ConnectionLike>(
     Ok(replies)
 }
 
+/// One operation's answer in a batch's array: its integer, or its error.
+fn operation_answer(answer: Value) -> RedisResult<i64> {
+    match answer {
+        Value::Int(n) => Ok(n),
+        Value::BulkString(text) => Err(RedisError::from((
+            ErrorKind::Extension,
+            "a lock operation failed in the batch script",
+            String::from_utf8_lossy(&text).into_owned(),
+        ))),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(answer: &Value) -> RedisError {
+    RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "unexpected answer from the batch script",
+        format!("{answer:?}"),
+    ))
+}
+
 async fn run_one<C: ConnectionLike>(
     conn: &mut C,
     rule: TokenRule,
@@ -296,8 +344,8 @@ async fn run_one<C: ConnectionLike>(
     operation: Operation,
 ) -> RedisResult<i64> {
     let owner = owner.to_hex();
-    let replies = run_batch(conn, rule, &[(keys, &owner, operation)]).await?;
-    Ok(replies[0])
+    let mut replies = run_batch(conn, rule, &[(keys, &owner, operation)]).await?;
+    replies.remove(0)
 }
 
 /// One attempt: `SET NX PX` and, when granted, the next fencing token.

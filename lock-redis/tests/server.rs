@@ -485,3 +485,53 @@ async fn concurrent_operations_share_script_calls_and_keep_their_own_answers() {
         "grants left after every release succeeded: {held}"
     );
 }
+
+/// A key whose counter holds the wrong type fails its own acquire, leaves no
+/// grant behind, and spoils nothing for the operations sharing its call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_counter_fails_its_own_acquire_only() {
+    let server = RedisServer::start().expect("start redis");
+    let locker = Locker::new(connect(&server).await);
+    server
+        .cli(&["RPUSH", "lockkit:{broken}:fence", "not a counter"])
+        .unwrap();
+
+    const TASKS: usize = 50;
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(TASKS + 1));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (locker, start) = (locker.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let lease = locker.try_acquire(&format!("fine/{i}"), TTL).await?;
+                locker.release(lease).await
+            })
+        })
+        .collect();
+    let broken = {
+        let locker = locker.clone();
+        let start = start.clone();
+        tokio::spawn(async move {
+            start.wait().await;
+            locker.try_acquire("broken", TTL).await
+        })
+    };
+    let err = broken
+        .await
+        .unwrap()
+        .expect_err("granted on a broken counter");
+    assert!(
+        matches!(err, Error::Backend { .. }) && err.to_string().contains("WRONGTYPE"),
+        "{err}"
+    );
+    for task in tasks {
+        task.await
+            .unwrap()
+            .expect("an acquire sharing the call with the broken one failed");
+    }
+    assert_eq!(
+        server.cli(&["EXISTS", "lockkit:{broken}"]).unwrap(),
+        "0",
+        "the failed acquire left its grant behind"
+    );
+}
