@@ -381,18 +381,25 @@ async fn drop_schema(conn: &mut PgConnection, schema: &str) {
         .unwrap();
 }
 
+/// A schema of this test's own, created by a first connect: its URL, an
+/// admin connection, the schema, and its token sequence's quoted name.
+async fn own_schema_created(url: &str) -> (String, PgConnection, String, String) {
+    let schema = own_schema();
+    let own = format!("{url}?schema={schema}");
+    let admin = plain(url).await;
+    PostgresBackend::connect(&own)
+        .await
+        .expect("creates the schema");
+    let sequence = format!("\"{schema}\".\"fencing_tokens\"");
+    (own, admin, schema, sequence)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_with_a_session_cache_is_refused() {
     let Some((url, _)) = setup("").await else {
         return;
     };
-    let schema = own_schema();
-    let own = format!("{url}?schema={schema}");
-    let mut admin = plain(&url).await;
-    PostgresBackend::connect(&own)
-        .await
-        .expect("creates the schema");
-    let sequence = format!("\"{schema}\".\"fencing_tokens\"");
+    let (own, mut admin, schema, sequence) = own_schema_created(&url).await;
     sqlx::raw_sql(&format!("ALTER SEQUENCE {sequence} CACHE 20"))
         .execute(&mut admin)
         .await
@@ -432,13 +439,7 @@ async fn an_unlogged_cycling_or_decreasing_sequence_is_refused() {
     let Some((url, _)) = setup("").await else {
         return;
     };
-    let schema = own_schema();
-    let own = format!("{url}?schema={schema}");
-    let mut admin = plain(&url).await;
-    PostgresBackend::connect(&own)
-        .await
-        .expect("creates the schema");
-    let sequence = format!("\"{schema}\".\"fencing_tokens\"");
+    let (own, mut admin, schema, sequence) = own_schema_created(&url).await;
     // (what breaks the sequence, what the refusal says, the fix it names)
     let mut cases = vec![
         ("CYCLE", "has CYCLE", "NO CYCLE"),
@@ -484,11 +485,7 @@ async fn a_sequence_that_can_hand_out_values_below_1_is_refused() {
     let Some((url, _)) = setup("").await else {
         return;
     };
-    let schema = own_schema();
-    let mut admin = plain(&url).await;
-    PostgresBackend::connect(&format!("{url}?schema={schema}"))
-        .await
-        .expect("creates the schema");
+    let (_, mut admin, schema, _) = own_schema_created(&url).await;
     // (sequence, how it is created, values drawn before connecting, what the
     // refusal says, the fixes it names, the first token after them)
     let cases = [

@@ -16,8 +16,9 @@
 //!   Tokens track the clock because a script runs for well over a
 //!   microsecond, so no key is granted more than once per microsecond.
 //!
-//! Scripts call `TIME` before writing (effect replication of scripts, Redis
-//! 5) and read the old counter with `SET ... GET` (Redis 6.2): they need
+//! The batch script may call `TIME` after earlier operations wrote, which
+//! needs effect replication of scripts (the default since Redis 5), and
+//! reads the old counter with `SET ... GET` (Redis 6.2): the scripts need
 //! Redis 6.2 or newer.
 //!
 //! The counter therefore only has to live until the server's clock passes

@@ -257,15 +257,9 @@ fn release_channels(server: &RedisServer) -> usize {
         .count()
 }
 
-/// How often the server ran `command`, from `INFO commandstats`.
+/// How often the server ran `command`.
 fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
+    server.command_calls(command).expect("INFO commandstats")
 }
 
 fn subscribers(server: &RedisServer) -> usize {

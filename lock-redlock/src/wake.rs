@@ -323,15 +323,6 @@ mod tests {
 
     use super::*;
 
-    fn subscribe_calls(server: &RedisServer) -> u64 {
-        let stats = server.cli(&["INFO", "commandstats"]).unwrap();
-        stats
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("cmdstat_subscribe:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse().unwrap())
-    }
-
     fn subscribers(server: &RedisServer, channel: &str) -> String {
         let reply = server.cli(&["PUBSUB", "NUMSUB", channel]).unwrap();
         reply.lines().nth(1).unwrap_or_default().to_owned()
@@ -346,7 +337,7 @@ mod tests {
         let second = wakeups.on_release("ch".into()).await.expect("subscribed");
         assert_eq!(subscribers(&server, "ch"), "1");
         assert_eq!(
-            subscribe_calls(&server),
+            server.command_calls("subscribe").unwrap(),
             1,
             "the second waiter subscribed again a channel already subscribed"
         );

@@ -301,7 +301,7 @@ async fn a_paused_node_runs_a_release_after_the_acquire_it_follows() {
     // The resumed node runs the two calls; out of order, the grant would
     // stay for its whole TTL.
     let give_up = Instant::now() + TTL / 2;
-    while script_calls(&nodes, 4) < 2 {
+    while nodes.node(4).command_calls("evalsha").unwrap() < 2 {
         assert!(
             Instant::now() < give_up,
             "the resumed node never ran the calls"
@@ -316,14 +316,4 @@ async fn a_paused_node_runs_a_release_after_the_acquire_it_follows() {
         .try_acquire("paused-then-released", TTL)
         .await
         .expect("free on every node");
-}
-
-/// How many script calls node `i` ran, from `INFO commandstats`.
-fn script_calls(nodes: &RedisNodes, i: usize) -> u64 {
-    let stats = nodes.node(i).cli(&["INFO", "commandstats"]).unwrap();
-    stats
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
 }

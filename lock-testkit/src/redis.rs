@@ -194,6 +194,20 @@ impl RedisServer {
                 .args(args),
         )
     }
+
+    /// How often the server ran `command` (lower case, e.g. `evalsha`;
+    /// commands inside scripts count too) since it started or since
+    /// `CONFIG RESETSTAT`, from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> io::Result<u64> {
+        let stats = self.cli(&["INFO", "commandstats"])?;
+        let prefix = format!("cmdstat_{command}:calls=");
+        Ok(stats
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0))
+    }
 }
 
 /// N independent Redis masters (for Redlock), each a [`RedisServer`].
