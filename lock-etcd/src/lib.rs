@@ -482,7 +482,17 @@ impl EtcdBackend {
         let mut tries = 0u32;
         // The entry believed to be just ahead: watched from before each check.
         let mut watching = entry.ahead.take();
+        // The revision at which the entry watched was deleted, once it was.
+        let mut deleted_at = None;
         loop {
+            if let Some(at) = deleted_at.take() {
+                match self.local_check(&queue, &entry, at).await {
+                    Some(Place::Head) => return self.grant_head(key, entry, refreshed, ttl).await,
+                    Some(Place::Gone) => return Ok(None),
+                    Some(Place::Behind(ahead)) => watching = Some(ahead),
+                    None => {}
+                }
+            }
             // The watch is set up before the check (not from the check's
             // revision after it, which etcd would serve through its catch-up
             // loop, up to 100 ms late). The check is a linearizable read, so
@@ -525,35 +535,7 @@ impl EtcdBackend {
             };
             tries = 0;
             let Some(ahead) = ahead else {
-                // First in line. The entry read above may belong to a lease
-                // that has expired since, its revoke not yet committed (the
-                // gap Jepsen found in etcd 3.4.3's lock), so the grant counts
-                // from a renewal known to have succeeded.
-                //
-                // Why a recent renewal needs no new keep-alive: the lease
-                // grant or keep-alive sent at `refreshed` succeeded, so the
-                // server runs the lease's full TTL from no earlier than
-                // `refreshed` (the assumption every deadline here rests on;
-                // a new leader only extends leases). Until then only a revoke
-                // or a delete removes the entry, and the check, which ran
-                // after `refreshed`, found it with nothing ahead (entries
-                // queued later are behind it). So the lock is ours until
-                // `refreshed` + TTL, and the Locker's deadline (`refreshed` +
-                // TTL − drift margin, refused if already past) holds, as for
-                // a grant at enqueue. A keep-alive now would only move the
-                // deadline later: worth its round trip only once more than a
-                // tenth of the TTL would be given up.
-                let sent = if Instant::now() < refreshed + ttl / 10 {
-                    refreshed
-                } else {
-                    let sent = Instant::now();
-                    match self.keep_alive(key, entry.lease_id).await {
-                        Ok(()) => sent,
-                        Err(Error::Lost { .. }) => return Ok(None),
-                        Err(e) => return Err(e),
-                    }
-                };
-                return Ok(Some(entry.into_grant(sent)));
+                return self.grant_head(key, entry, refreshed, ttl).await;
             };
             if watching.as_deref() != Some(ahead.key()) {
                 // Not yet watching the entry just ahead (another one is ahead
@@ -570,7 +552,10 @@ impl EtcdBackend {
             tokio::select! {
                 watched = deleted => match watched {
                     // Gone: check at once, without watching it again first.
-                    Watched::Deleted => watching = None,
+                    Watched::Deleted(at) => {
+                        watching = None;
+                        deleted_at = Some(at);
+                    }
                     // Read again after a pause; a broken watch must not spin.
                     Watched::Broken => sleep(wait.backoff.delay(0)).await,
                 },
@@ -592,6 +577,82 @@ impl EtcdBackend {
             }
         }
     }
+
+    /// Grants the lock to `entry`, found heading its queue by a check
+    /// (`refreshed`: when its last successful lease renewal was sent).
+    async fn grant_head(
+        &self,
+        key: &LockKey,
+        entry: Entry,
+        refreshed: Instant,
+        ttl: Duration,
+    ) -> Result<Option<Grant>> {
+        // The entry found heading the queue may belong to a lease that has
+        // expired since, its revoke not yet committed (the gap Jepsen found
+        // in etcd 3.4.3's lock), so the grant counts from a renewal known to
+        // have succeeded.
+        //
+        // Why a recent renewal needs no new keep-alive: the lease grant or
+        // keep-alive sent at `refreshed` succeeded, so the server runs the
+        // lease's full TTL from no earlier than `refreshed` (the assumption
+        // every deadline here rests on; a new leader only extends leases).
+        // Until then only a revoke or a delete removes the entry, and a check
+        // found it with nothing ahead: entries queued later are behind it,
+        // and an entry gone from the queue never comes back. So the lock is
+        // ours until `refreshed` + TTL, and the Locker's deadline
+        // (`refreshed` + TTL − drift margin, refused if already past) holds,
+        // as for a grant at enqueue. A keep-alive now would only move the
+        // deadline later: worth its round trip only once more than a tenth
+        // of the TTL would be given up.
+        let sent = if Instant::now() < refreshed + ttl / 10 {
+            refreshed
+        } else {
+            let sent = Instant::now();
+            match self.keep_alive(key, entry.lease_id).await {
+                Ok(()) => sent,
+                Err(Error::Lost { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(Some(entry.into_grant(sent)))
+    }
+
+    /// After the entry ahead was deleted at revision `at`: where `entry`
+    /// stands, read from the member's own copy at revision `at` or later,
+    /// without the round to the leader a linearizable read costs. Safe
+    /// because the answer at any one revision stays true: entries join
+    /// behind, and one that left never returns. `None` if the member has
+    /// not yet applied `at`, or could not be read: the caller reads
+    /// linearizably.
+    async fn local_check(&self, queue: &Queue, entry: &Entry, at: i64) -> Option<Place> {
+        let read = self.call("local queue check", |mut c| {
+            let queue = queue.clone();
+            let options = queue.local_check(entry.revision);
+            async move { c.get(queue.prefix(), Some(options)).await }
+        });
+        let resp = read.await.ok()?;
+        if resp.header().map_or(0, |h| h.revision()) < at {
+            return None;
+        }
+        let mut kvs = resp.kvs().iter();
+        match kvs.next() {
+            Some(kv) if kv.key() == entry.entry.as_slice() => match kvs.next() {
+                None => Some(Place::Head),
+                Some(ahead) => Some(Place::Behind(ahead.key().to_vec())),
+            },
+            _ => Some(Place::Gone),
+        }
+    }
+}
+
+/// Where a queued entry stands.
+enum Place {
+    /// First in line: the lock is its own.
+    Head,
+    /// Behind this entry (the one just ahead of it).
+    Behind(Vec<u8>),
+    /// Gone from the queue: its lease ended.
+    Gone,
 }
 
 #[cfg(feature = "tls")]
@@ -894,8 +955,8 @@ impl LockBackend for EtcdBackend {
             let mut tries = 0u32;
             loop {
                 let timeout = backend.inner.request_timeout;
-                if wake::deletion(backend.client(), entry.clone(), from, timeout).await
-                    == Watched::Deleted
+                if let Watched::Deleted(_) =
+                    wake::deletion(backend.client(), entry.clone(), from, timeout).await
                 {
                     return LostReason::NotHeld;
                 }

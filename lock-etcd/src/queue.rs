@@ -81,6 +81,19 @@ impl Queue {
         ])
     }
 
+    /// Reads, from the member's own copy (serializable: no round to the
+    /// leader), the entry created at `revision` and the one just ahead of
+    /// it: the two newest entries created at or before `revision`.
+    pub(crate) fn local_check(&self, revision: i64) -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(revision)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_serializable()
+    }
+
     /// Finds the entry created at `revision` (a lease rebuilt without its
     /// backend state knows only its fencing token).
     pub(crate) fn created_at(&self, revision: i64) -> GetOptions {

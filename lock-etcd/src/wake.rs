@@ -8,8 +8,9 @@ use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream,
 /// How a watch for a deletion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Watched {
-    /// The key was deleted at or after the start revision.
-    Deleted,
+    /// The key was deleted at or after the start revision; the revision
+    /// of the deletion.
+    Deleted(i64),
     /// The watch could not be set up or broke off (member down, no leader,
     /// compacted history): the caller reads the key to learn its state.
     Broken,
@@ -55,12 +56,13 @@ impl Watch {
         loop {
             match self.stream.message().await {
                 Ok(Some(response)) => {
-                    if response
+                    if let Some(deleted) = response
                         .events()
                         .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
+                        .find(|e| e.event_type() == EventType::Delete)
                     {
-                        return Watched::Deleted;
+                        let at = deleted.kv().map_or(0, |kv| kv.mod_revision());
+                        return Watched::Deleted(at);
                     }
                     if response.canceled() || response.compact_revision() > 0 {
                         return Watched::Broken;
@@ -125,9 +127,9 @@ impl Deletion {
         };
         let second = async {
             if let Some(mut second) = Watch::start(client, key, None, setup_timeout).await
-                && second.deleted().await == Watched::Deleted
+                && let deleted @ Watched::Deleted(_) = second.deleted().await
             {
-                return Watched::Deleted;
+                return deleted;
             }
             std::future::pending().await
         };
