@@ -2,6 +2,7 @@
 
 mod config;
 mod errors;
+mod lease_pool;
 mod queue;
 mod wake;
 
@@ -19,6 +20,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 pub use config::{DEFAULT_PORT, EtcdOptions};
 use errors::{Endpoint, is_lease_gone};
+use lease_pool::LeasePool;
 use queue::Queue;
 use wake::Watched;
 
@@ -39,6 +41,8 @@ struct Inner {
     prefix: String,
     request_timeout: Duration,
     capabilities: Capabilities,
+    /// Released locks' leases, renewed for the next acquire.
+    idle_leases: LeasePool,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -219,6 +223,7 @@ impl EtcdBackend {
             prefix: options.prefix,
             request_timeout: options.request_timeout,
             capabilities,
+            idle_leases: LeasePool::default(),
         };
         Ok(EtcdBackend {
             inner: Arc::new(inner),
@@ -352,6 +357,29 @@ impl EtcdBackend {
         Ok((resp.id(), sent))
     }
 
+    /// A lease of exactly `ttl` for a new entry: an idle one, renewed (one
+    /// leader round, no Raft write), else a new grant. Returns its id and
+    /// when the renewal or grant was sent: the lease's TTL runs from later.
+    async fn lease_for(&self, key: &LockKey, ttl: Duration) -> Result<(i64, Instant)> {
+        if let Some(idle) = self.inner.idle_leases.take(ttl.as_secs() as i64) {
+            let sent = Instant::now();
+            if self.keep_alive(key, idle).await.is_ok() {
+                return Ok((idle, sent));
+            }
+            // Expired while idle, or the cluster is unreachable (and the
+            // grant below says so).
+        }
+        self.grant_lease(ttl).await
+    }
+
+    /// Ends an etcd lease of our own whose entry is gone: kept for the next
+    /// acquire while the pool has room, else revoked.
+    async fn retire_lease(&self, lease_id: i64, ttl_secs: i64) {
+        if let Err(lease_id) = self.inner.idle_leases.put(lease_id, ttl_secs) {
+            self.revoke_quietly(lease_id).await;
+        }
+    }
+
     async fn revoke_quietly(&self, lease_id: i64) {
         let revoked = self.call("lease revoke", |mut c| async move {
             c.lease_revoke(lease_id).await
@@ -387,7 +415,7 @@ impl EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<(Entry, Option<KeyValue>)> {
-        let (lease_id, sent) = self.grant_lease(ttl).await?;
+        let (lease_id, sent) = self.lease_for(key, ttl).await?;
         let revoke = RevokeOnDrop {
             backend: Some(self.clone()),
             lease_id,
@@ -859,10 +887,15 @@ impl LockBackend for EtcdBackend {
                 Queue::release(&located.entry, revision, &lease.owner().to_hex()),
             )
             .await?;
-        // Only a lease of our own is revoked: a rebuilt lease's etcd lease id
-        // was read from the entry, which may have changed hands since.
+        // Only a lease of our own is ended: a rebuilt lease's etcd lease id
+        // was read from the entry, which may have changed hands since. Kept
+        // for reuse only when the delete is known to have unbound it.
         if located.held.is_some() {
-            self.revoke_quietly(located.lease_id).await;
+            if deleted.succeeded() {
+                self.retire_lease(located.lease_id, located.ttl_secs).await;
+            } else {
+                self.revoke_quietly(located.lease_id).await;
+            }
         }
         if deleted.succeeded() {
             Ok(())
