@@ -26,6 +26,21 @@ pub struct BoundPoint {
     pub detail: String,
 }
 
+/// The server's own handoff floor at one waiter count.
+#[derive(Debug, Clone, Serialize)]
+pub struct HandoffFloor {
+    /// Waiting tasks.
+    pub waiters: usize,
+    /// Handoffs per second.
+    pub handoffs_per_s: f64,
+    /// Start of a release to the next grant.
+    pub handoff: crate::stats::Latency,
+    /// The distribution at the percentiles of `stats::CURVE`, µs.
+    pub handoff_curve_us: Vec<f64>,
+    /// How it is measured.
+    pub method: String,
+}
+
 /// A baseline: how it is produced, and its points.
 #[derive(Debug, Clone, Serialize)]
 pub struct Bound {
@@ -35,6 +50,9 @@ pub struct Bound {
     pub method: String,
     /// One point per concurrency.
     pub points: Vec<BoundPoint>,
+    /// The server's own handoff floor, per waiter count (etcd only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handoffs: Vec<HandoffFloor>,
     /// Failures.
     pub errors: Vec<String>,
 }

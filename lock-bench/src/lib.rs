@@ -2,6 +2,7 @@
 
 mod baseline;
 mod counters;
+mod etcd_handoff;
 mod plot;
 mod progress;
 mod report;
@@ -142,7 +143,12 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
     let chosen: Vec<_> = SUBJECTS.iter().filter(|(n, _)| wanted(n)).collect();
     let per_subject = plan.tasks.len() * 2 + plan.waiters.len() + 2;
-    let progress = Progress::new(chosen.len() * per_subject + 2);
+    let floors = if wanted("etcd") {
+        plan.waiters.len()
+    } else {
+        0
+    };
+    let progress = Progress::new(chosen.len() * per_subject + floors + 2);
     let started = Instant::now();
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let mut report = Report::new(options.mode, report::machine().await);
@@ -498,6 +504,7 @@ async fn redis_bound_of(
         name: "redis-benchmark".into(),
         method: baseline::redis_method(),
         points: Vec::new(),
+        handoffs: Vec::new(),
         errors: Vec::new(),
     };
     let Some(host) = counters::hosts(url).into_iter().next() else {
@@ -543,6 +550,7 @@ async fn etcd_bound(
         name: "bare etcd RPCs".into(),
         method: baseline::etcd_method(),
         points: Vec::new(),
+        handoffs: Vec::new(),
         errors: Vec::new(),
     };
     let endpoints: Vec<String> = counters::hosts(url)
@@ -571,6 +579,32 @@ async fn etcd_bound(
             Err(e) => bound.errors.push(format!("{t} tasks: {e}")),
         }
     }
+    for &waiters in plan.waiters {
+        let _step = progress.step(format!(
+            "etcd watch ring (handoff floor): {waiters} waiters"
+        ));
+        match etcd_handoff::floor(
+            &client,
+            &format!("{prefix}/floor"),
+            waiters,
+            plan.contended_phase,
+        )
+        .await
+        {
+            Ok((handoff, handoff_curve_us, handoffs_per_s)) => {
+                bound.handoffs.push(baseline::HandoffFloor {
+                    waiters,
+                    handoffs_per_s,
+                    handoff,
+                    handoff_curve_us,
+                    method: etcd_handoff::method(),
+                })
+            }
+            Err(e) => bound
+                .errors
+                .push(format!("watch ring, {waiters} waiters: {e}")),
+        }
+    }
     bound
 }
 
@@ -585,6 +619,7 @@ async fn pg_bound(
         name: "pgbench".into(),
         method: baseline::pgbench_method(),
         points: Vec::new(),
+        handoffs: Vec::new(),
         errors: Vec::new(),
     };
     let script = out.join("pairs.pgbench.sql");

@@ -243,6 +243,14 @@ impl Report {
         b.points.iter().find(|p| p.tasks == tasks)
     }
 
+    /// The handoff floors of `s`'s server, measured with no library.
+    fn handoff_floors(&self, s: &Subject) -> &[crate::baseline::HandoffFloor] {
+        s.baseline
+            .as_deref()
+            .and_then(|name| self.bounds.iter().find(|b| b.name == name))
+            .map_or(&[], |b| b.handoffs.as_slice())
+    }
+
     fn peer_at(&self, s: &Subject, tasks: usize) -> Option<&Uncontended> {
         self.subject(s.peer.as_deref()?)?.at(tasks)
     }
@@ -347,7 +355,14 @@ impl Report {
                     s.wake_up.as_deref().unwrap_or("")
                 ),
                 measured: worst.map_or("not measured".into(), |(p, w)| {
-                    format!("{} ({w} waiters)", us(p))
+                    let floor = self
+                        .handoff_floors(s)
+                        .iter()
+                        .find(|f| f.waiters == w)
+                        .map_or(String::new(), |f| {
+                            format!("; the server alone, no library: {}", us(f.handoff.p99_us))
+                        });
+                    format!("{} ({w} waiters{floor})", us(p))
                 }),
                 met: worst.map(|(p, _)| p < 5000.0),
             });
@@ -408,6 +423,9 @@ impl Report {
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
         for b in &self.bounds {
             let _ = writeln!(md, "- **{}**: {}", b.name, b.method);
+            if let Some(f) = b.handoffs.first() {
+                let _ = writeln!(md, "- **server floor (watch ring)**: {}", f.method);
+            }
         }
         let mut counted: Vec<&str> = self
             .subjects
@@ -511,6 +529,17 @@ impl Report {
                     us(c.handoff.p99_us),
                     ratio(c.handoff.p99_us, peer),
                     ops
+                );
+            }
+            for f in self.handoff_floors(s) {
+                let _ = writeln!(
+                    md,
+                    "| {} server floor (watch ring, no library) | {} | {} | {} | {} | — | 2 writes, 1 event |",
+                    s.name,
+                    f.waiters,
+                    rate(f.handoffs_per_s),
+                    us(f.handoff.p50_us),
+                    us(f.handoff.p99_us),
                 );
             }
         }
