@@ -3,6 +3,7 @@
 mod baseline;
 mod counters;
 mod etcd_handoff;
+mod fan_out;
 mod plot;
 mod progress;
 mod report;
@@ -77,6 +78,8 @@ struct Plan {
     phase: Duration,
     waiters: &'static [usize],
     contended_phase: Duration,
+    /// Rounds of the raw fan-out floor (each: one node, then all).
+    fan_out_rounds: usize,
     many_keys: usize,
     pg_many_keys: usize,
     loss_samples: usize,
@@ -97,6 +100,7 @@ impl Plan {
                 loss_samples: 2,
                 redis_requests: 5_000,
                 pgbench_secs: 1,
+                fan_out_rounds: 1_000,
             },
             Mode::Full => Plan {
                 tasks: &[1, 4, 16, 64, 256],
@@ -108,6 +112,7 @@ impl Plan {
                 loss_samples: 5,
                 redis_requests: 50_000,
                 pgbench_secs: 3,
+                fan_out_rounds: 5_000,
             },
         }
     }
@@ -261,6 +266,21 @@ pub async fn run(options: &Options) -> Result<Report, String> {
                         "bound: the single Redis server's ({} sends the same scripts to each of its nodes)",
                         name
                     ));
+                }
+                if *name == "redlock" {
+                    let single = std::env::var("LOCKKIT_REDIS_URL").unwrap_or_default();
+                    let _step = progress.step("raw fan-out floor: PING to 1 node vs all".into());
+                    match (counters::hosts(&single).first(), counters::hosts(&url)) {
+                        (Some(one), nodes) if nodes.len() > 1 => {
+                            match fan_out::floor(one, &nodes, plan.fan_out_rounds).await {
+                                Ok(f) => report.fan_out_floor = Some(f),
+                                Err(e) => s.errors.push(format!("fan-out floor: {e}")),
+                            }
+                        }
+                        _ => s.errors.push(
+                            "fan-out floor: needs LOCKKIT_REDIS_URL and several nodes".into(),
+                        ),
+                    }
                 }
                 s.peer = Some(
                     if *name == "redlock" {

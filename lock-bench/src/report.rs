@@ -150,6 +150,9 @@ pub struct Report {
     pub subjects: Vec<Subject>,
     /// The servers' bounds.
     pub bounds: Vec<Bound>,
+    /// Redlock's latency floor: one round to all its nodes against one round
+    /// to the single server, with no client library.
+    pub fan_out_floor: Option<crate::fan_out::FanOutFloor>,
     /// The goals, checked.
     pub goals: Vec<Goal>,
 }
@@ -206,6 +209,7 @@ impl Report {
             wall_s: 0.0,
             subjects: Vec::new(),
             bounds: Vec::new(),
+            fan_out_floor: None,
             goals: Vec::new(),
         }
     }
@@ -302,8 +306,16 @@ impl Report {
         goals.push(Goal {
             goal: "Redlock (5 nodes): p50 acquire latency <= 1.5x single Redis (1 task)".into(),
             measured: lat.map_or("not measured".into(), |v| {
+                let floor = self.fan_out_floor.as_ref().map_or(String::new(), |f| {
+                    format!(
+                        "; the servers alone, raw sockets: {:.2}x ({} vs {})",
+                        f.ratio(),
+                        us(f.fan_out_p50_us),
+                        us(f.single_p50_us)
+                    )
+                });
                 format!(
-                    "{v:.2}x ({} vs {})",
+                    "{v:.2}x ({} vs {}{floor})",
                     us(rl.unwrap_or(0.0)),
                     us(rd.unwrap_or(0.0))
                 )
@@ -421,6 +433,9 @@ impl Report {
         md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant.\n");
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
+        if let Some(f) = &self.fan_out_floor {
+            let _ = writeln!(md, "- **raw fan-out floor**: {}", f.method);
+        }
         for b in &self.bounds {
             let _ = writeln!(md, "- **{}**: {}", b.name, b.method);
             if let Some(f) = b.handoffs.first() {

@@ -42,7 +42,7 @@ impl Latency {
 }
 
 /// Nearest-rank quantile of sorted nanosecond samples, in microseconds.
-fn quantile(sorted: &[u64], q: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[u64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
