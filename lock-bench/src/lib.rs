@@ -157,6 +157,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let started = Instant::now();
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let mut report = Report::new(options.mode, report::machine().await);
+    let ticks_before = report::cpu_ticks();
     let mut redis_bound: Option<Bound> = None;
 
     for (name, var) in chosen {
@@ -372,6 +373,9 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     }
     progress.finish();
     report.wall_s = started.elapsed().as_secs_f64();
+    report.machine.steal_pct = ticks_before
+        .zip(report::cpu_ticks())
+        .and_then(|(before, after)| report::steal_pct(before, after));
     report.finish();
     report.write(&options.out)?;
     Ok(report)

@@ -24,6 +24,32 @@ pub struct Machine {
     pub kernel: String,
     /// Server versions, as reported by the tools.
     pub servers: String,
+    /// Share of CPU time the hypervisor gave to other guests during the run
+    /// (`steal` in /proc/stat), percent: high values mean a noisy neighbour
+    /// slowed this run, and its figures spread more than usual.
+    pub steal_pct: Option<f64>,
+}
+
+/// CPU time counters since boot, from /proc/stat: (steal, total) in ticks.
+pub fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal [guest guest_nice,
+    // already counted in user and nice].
+    let steal = *fields.get(7)?;
+    Some((steal, fields.iter().take(8).sum()))
+}
+
+/// Steal between two `cpu_ticks` readings, percent of all CPU time.
+pub fn steal_pct(before: (u64, u64), after: (u64, u64)) -> Option<f64> {
+    let total = after.1.checked_sub(before.1).filter(|&t| t > 0)?;
+    Some(after.0.saturating_sub(before.0) as f64 * 100.0 / total as f64)
 }
 
 /// Reads the machine's description from /proc and the tools.
@@ -65,6 +91,7 @@ pub async fn machine() -> Machine {
         os,
         kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
         servers: servers.join("; "),
+        steal_pct: None,
     }
 }
 
@@ -405,9 +432,12 @@ impl Report {
         let mut md = String::new();
         let m = &self.machine;
         let _ = writeln!(md, "# lockkit lab report ({:?} mode)\n", self.mode);
+        let steal = m.steal_pct.map_or(String::new(), |p| {
+            format!(" CPU time stolen by the hypervisor during the run: {p:.1} %.")
+        });
         let _ = writeln!(
             md,
-            "Machine: {} ({} CPUs), {:.0} GiB, {}, Linux {}. Servers on loopback: {}. Run took {:.0} s.\n",
+            "Machine: {} ({} CPUs), {:.0} GiB, {}, Linux {}. Servers on loopback: {}. Run took {:.0} s.{steal}\n",
             m.cpu, m.cpus, m.memory_gib, m.os, m.kernel, m.servers, self.wall_s
         );
         md.push_str(&self.uncontended_table(None));
@@ -651,5 +681,13 @@ mod tests {
         assert_eq!(ratio(2.0, Some(4.0)), "0.50x");
         assert_eq!(ratio(2.0, None), "—");
         assert_eq!(bytes(2048.0), "2.0 KiB");
+    }
+
+    #[test]
+    fn steal_is_a_share_of_all_cpu_time() {
+        assert_eq!(steal_pct((10, 1000), (60, 2000)), Some(5.0));
+        assert_eq!(steal_pct((10, 1000), (10, 1000)), None);
+        let (steal, total) = cpu_ticks().expect("/proc/stat");
+        assert!(steal <= total);
     }
 }
