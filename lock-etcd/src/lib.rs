@@ -7,6 +7,7 @@ mod queue;
 mod wake;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -72,6 +73,9 @@ struct Held {
     /// (etcd lease id, its TTL in seconds): both change when an extend asks
     /// for another TTL, since an etcd lease keeps the TTL it was granted with.
     lease: Mutex<(i64, i64)>,
+    /// Set while a release runs and once it succeeded: the etcd lease may
+    /// then serve another lock, so this grant must never touch it again.
+    released: AtomicBool,
 }
 
 impl Held {
@@ -109,6 +113,7 @@ impl Entry {
         let held = Held {
             entry: self.entry,
             lease: Mutex::new((self.lease_id, self.ttl_secs)),
+            released: AtomicBool::new(false),
         };
         Grant::new(FencingToken::new(self.revision as u64))
             .sent_at(sent)
@@ -363,19 +368,23 @@ impl EtcdBackend {
     async fn lease_for(&self, key: &LockKey, ttl: Duration) -> Result<(i64, Instant)> {
         if let Some(idle) = self.inner.idle_leases.take(ttl.as_secs() as i64) {
             let sent = Instant::now();
-            if self.keep_alive(key, idle).await.is_ok() {
-                return Ok((idle, sent));
+            match self.keep_alive(key, idle).await {
+                Ok(()) => return Ok((idle, sent)),
+                // Expired while idle: a new grant below.
+                Err(Error::Lost { .. }) => {}
+                // Unreachable: a grant would only wait for the same timeout
+                // again. The idle lease is left to lapse.
+                Err(e) => return Err(e),
             }
-            // Expired while idle, or the cluster is unreachable (and the
-            // grant below says so).
         }
         self.grant_lease(ttl).await
     }
 
-    /// Ends an etcd lease of our own whose entry is gone: kept for the next
-    /// acquire while the pool has room, else revoked.
-    async fn retire_lease(&self, lease_id: i64, ttl_secs: i64) {
-        if let Err(lease_id) = self.inner.idle_leases.put(lease_id, ttl_secs) {
+    /// Ends an etcd lease of our own whose entry is gone and which the
+    /// server keeps at least until `alive_until`: kept for the next acquire
+    /// while the pool has room, else revoked.
+    async fn retire_lease(&self, lease_id: i64, ttl_secs: i64, alive_until: Instant) {
+        if let Err(lease_id) = self.inner.idle_leases.put(lease_id, ttl_secs, alive_until) {
             self.revoke_quietly(lease_id).await;
         }
     }
@@ -454,6 +463,9 @@ impl EtcdBackend {
     /// lease rebuilt elsewhere, by its fencing token (its create revision).
     async fn locate<'a>(&self, lease: &'a Lease) -> Result<Located<'a>> {
         if let Some(held) = lease.state().and_then(|s| s.downcast_ref::<Held>()) {
+            if held.released.load(Ordering::Acquire) {
+                return Err(Error::lost(lease.key().as_str(), LostReason::NotHeld));
+            }
             let (lease_id, ttl_secs) = held.lease();
             return Ok(Located {
                 entry: held.entry.clone(),
@@ -648,17 +660,27 @@ impl EtcdBackend {
     /// After the entry ahead was deleted at revision `at`: where `entry`
     /// stands, read from the member's own copy at revision `at` or later,
     /// without the round to the leader a linearizable read costs. Safe
-    /// because the answer at any one revision stays true: entries join
-    /// behind, and one that left never returns. `None` if the member has
-    /// not yet applied `at`, or could not be read: the caller reads
+    /// because the answer at any one revision after our entry's creation
+    /// stays true: entries join behind (a higher create revision), and an
+    /// entry, once deleted, never comes back with its create revision.
+    /// `None` if the deletion predates our entry, the member has not yet
+    /// applied `at`, or it could not be read: the caller reads
     /// linearizably.
     async fn local_check(&self, queue: &Queue, entry: &Entry, at: i64) -> Option<Place> {
-        let read = self.call("local queue check", |mut c| {
-            let queue = queue.clone();
-            let options = queue.local_check(entry.revision);
-            async move { c.get(queue.prefix(), Some(options)).await }
-        });
-        let resp = read.await.ok()?;
+        // A deletion before our own entry was created is of an earlier entry
+        // under the same key (leases are reused, and the key names the
+        // lease): it says nothing about the entry ahead of ours now.
+        if at <= entry.revision {
+            return None;
+        }
+        let mut client = self.client();
+        let options = queue.local_check(entry.revision);
+        // Only a shortcut: a member slow to answer is passed over quickly.
+        let read = client.get(queue.prefix(), Some(options));
+        let resp = tokio::time::timeout(self.inner.request_timeout / 4, read)
+            .await
+            .ok()?
+            .ok()?;
         if resp.header().map_or(0, |h| h.revision()) < at {
             return None;
         }
@@ -880,19 +902,39 @@ impl LockBackend for EtcdBackend {
     #[tracing::instrument(level = "debug", skip_all, fields(backend = "etcd", key = %lease.key()))]
     async fn release(&self, lease: &Lease) -> Result<()> {
         let located = self.locate(lease).await?;
+        let not_held = || Error::lost(lease.key().as_str(), LostReason::NotHeld);
+        // One release per grant: once one succeeded, the etcd lease may serve
+        // another lock, and a second release must not revoke it.
+        if let Some(held) = located.held
+            && held.released.swap(true, Ordering::AcqRel)
+        {
+            return Err(not_held());
+        }
         let revision = lease.fencing_token().get() as i64;
         let deleted = self
             .txn(
                 "release",
                 Queue::release(&located.entry, revision, &lease.owner().to_hex()),
             )
-            .await?;
+            .await;
+        let deleted = match deleted {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                // Unknown outcome: the caller may try again.
+                if let Some(held) = located.held {
+                    held.released.store(false, Ordering::Release);
+                }
+                return Err(e);
+            }
+        };
         // Only a lease of our own is ended: a rebuilt lease's etcd lease id
         // was read from the entry, which may have changed hands since. Kept
-        // for reuse only when the delete is known to have unbound it.
+        // for reuse only when the delete is known to have unbound it; the
+        // server keeps it at least until the holder's deadline.
         if located.held.is_some() {
             if deleted.succeeded() {
-                self.retire_lease(located.lease_id, located.ttl_secs).await;
+                self.retire_lease(located.lease_id, located.ttl_secs, lease.deadline())
+                    .await;
             } else {
                 self.revoke_quietly(located.lease_id).await;
             }
@@ -900,7 +942,7 @@ impl LockBackend for EtcdBackend {
         if deleted.succeeded() {
             Ok(())
         } else {
-            Err(Error::lost(lease.key().as_str(), LostReason::NotHeld))
+            Err(not_held())
         }
     }
 

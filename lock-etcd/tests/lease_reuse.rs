@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use conformance_tests::server_url;
-use lock_core::Locker;
+use lock_core::{Error, LockBackend, Locker};
 use lock_etcd::EtcdBackend;
 
 fn unique(name: &str) -> String {
@@ -85,4 +85,93 @@ async fn an_idle_lease_revoked_behind_the_backends_back_is_replaced() {
         .expect("extend on the new lease");
     locker.release(again).await.expect("release");
     assert_eq!(backend.queue_len(&key).await.expect("queue"), 0);
+}
+
+/// A grant released twice through the backend (the `Locker` takes the lease
+/// by value, the backend does not): the second release reports the lock
+/// lost and leaves alone the etcd lease, which now serves another lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_release_does_not_touch_the_reused_lease() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    let backend = EtcdBackend::connect(&url).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let (a, b) = (unique("twice-a"), unique("twice-b"));
+    let ttl = Duration::from_secs(10);
+
+    let first = locker.try_acquire(&a, ttl).await.expect("acquire a");
+    backend.release(&first).await.expect("release a");
+    let mut second = locker.try_acquire(&b, ttl).await.expect("acquire b");
+    let shared = backend.holder(&b).await.expect("holder").unwrap().lease_id;
+    assert_eq!(
+        backend.holder(&a).await.expect("holder"),
+        None,
+        "a is free after its release"
+    );
+
+    match backend.release(&first).await {
+        Err(Error::Lost { .. }) => {}
+        other => panic!("a second release: expected lost, got {other:?}"),
+    }
+    match backend.extend(&first, ttl).await {
+        Err(Error::Lost { .. }) => {}
+        other => panic!("extend after release: expected lost, got {other:?}"),
+    }
+    let holder = backend.holder(&b).await.expect("holder");
+    assert_eq!(
+        holder.map(|h| h.lease_id),
+        Some(shared),
+        "b still holds, on the reused lease"
+    );
+    locker.extend(&mut second, ttl).await.expect("b extends");
+    locker.release(second).await.expect("release b");
+}
+
+/// A grant on a reused lease, never renewed, lapses on the server no
+/// earlier than the deadline it was given: the deadline counts from the
+/// renewal sent before the entry was put, not from the lease's first grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    // The cluster's minimum: the shortest wait for the expiry.
+    let ttl = Duration::from_secs(2);
+    let backend = EtcdBackend::connect(&url).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let key = unique("lapse");
+
+    let first = locker.try_acquire(&key, ttl).await.expect("acquire");
+    let lease_id = backend
+        .holder(&key)
+        .await
+        .expect("holder")
+        .unwrap()
+        .lease_id;
+    locker.release(first).await.expect("release");
+    let lapsing = locker.try_acquire(&key, ttl).await.expect("acquire again");
+    assert_eq!(
+        backend
+            .holder(&key)
+            .await
+            .expect("holder")
+            .unwrap()
+            .lease_id,
+        lease_id,
+        "the grant is on the reused lease"
+    );
+
+    let other = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
+    let next = other
+        .acquire(&key, Duration::from_secs(10), Duration::from_secs(30))
+        .await
+        .expect("granted after the lapse");
+    let granted = tokio::time::Instant::now();
+    assert!(
+        granted >= lapsing.deadline(),
+        "granted again {:?} before the lapsed holder's deadline",
+        lapsing.deadline() - granted
+    );
+    other.release(next).await.expect("release");
 }
