@@ -25,7 +25,7 @@ if ((full)); then args+=(--decision docs/faults/decision-matrix.md); fi
 scripts/servers.sh install
 cargo build --quiet -p lock-faults
 status=0
-target/debug/lock-faults run "${args[@]}" || status=$?
+"${CARGO_TARGET_DIR:-target}/debug/lock-faults" run "${args[@]}" || status=$?
 if ((full)) && ((status != 2)); then
     # The README's measured decision matrix is the generated one.
     awk -v generated=docs/faults/decision-matrix.md '

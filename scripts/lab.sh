@@ -20,4 +20,4 @@ set -a
 . target/lockkit-servers/urls.env
 set +a
 cargo build --release --quiet -p lockctl --features bench
-target/release/lockctl bench "$@"
+"${CARGO_TARGET_DIR:-target}/release/lockctl" bench "$@"

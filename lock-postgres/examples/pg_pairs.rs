@@ -2,7 +2,7 @@
 //! takes and releases its own key in a loop. Run with `--release`, locally:
 //!
 //! ```text
-//! cargo run --release -p lock-postgres --example pairs -- <tasks> <seconds> [url]
+//! cargo run --release -p lock-postgres --example pg_pairs -- <tasks> <seconds> [url]
 //! ```
 //!
 //! The URL defaults to `LOCKKIT_POSTGRES_URL`. Compare with the same

@@ -2,7 +2,7 @@
 //! releases its own key in a loop, over one shared backend.
 //!
 //! ```text
-//! cargo run --release -p lock-redis --example pairs -- redis://127.0.0.1:6379 64 5
+//! cargo run --release -p lock-redis --example redis_pairs -- redis://127.0.0.1:6379 64 5
 //! ```
 //! Arguments: URL, tasks (default 1), seconds (default 5).
 
