@@ -74,6 +74,13 @@ impl Fixture {
     }
 }
 
+/// `name` followed by a random suffix: a key (or key prefix) no other run
+/// or test on a shared server uses.
+pub fn unique_key(name: &str) -> String {
+    let random = getrandom::u64().expect("the operating system's random source is unavailable");
+    format!("{name}-{random:016x}")
+}
+
 /// The URL of a test server from the environment variable `var` (written by
 /// `scripts/servers.sh`). When it is unset: a panic if
 /// `LOCKKIT_REQUIRE_SERVERS=1` (a missing server fails CI), otherwise `None`

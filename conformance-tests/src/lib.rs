@@ -3,7 +3,7 @@
 pub mod cases;
 mod fixture;
 
-pub use fixture::{Fixture, ForceRelease, Sabotage, server_url};
+pub use fixture::{Fixture, ForceRelease, Sabotage, server_url, unique_key};
 
 /// Stamps every conformance case as a `#[tokio::test]` for one backend.
 ///

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance_tests::server_url;
+use conformance_tests::{server_url, unique_key};
 use lock_core::Locker;
 use lock_etcd::EtcdBackend;
 use tokio::time::Instant;
@@ -20,7 +20,7 @@ async fn twenty_waiters_are_granted_in_the_order_they_queued() {
     };
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let key = format!("fifo-{:016x}", unique());
+    let key = unique_key("fifo");
     let first = locker.try_acquire(&key, TTL).await.expect("first holder");
 
     let granted = Arc::new(Mutex::new(Vec::new()));
@@ -81,7 +81,7 @@ async fn a_waiter_follows_the_queue_when_the_entry_ahead_leaves() {
     };
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let key = format!("follow-{:016x}", unique());
+    let key = unique_key("follow");
     let holder = locker.try_acquire(&key, TTL).await.expect("holder");
     let quitter = {
         let (locker, key) = (locker.clone(), key.clone());
@@ -134,7 +134,7 @@ async fn a_waiters_grant_lapses_no_earlier_than_its_deadline() {
     let ttl = Duration::from_secs(2);
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let key = format!("lapse-{:016x}", unique());
+    let key = unique_key("lapse");
     let holder = locker.try_acquire(&key, TTL).await.expect("holder");
     let waiter = {
         let (locker, key) = (locker.clone(), key.clone());
@@ -171,12 +171,4 @@ async fn wait_for_queue_len(backend: &EtcdBackend, key: &str, len: usize) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// A key suffix no earlier run used.
-fn unique() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
 }

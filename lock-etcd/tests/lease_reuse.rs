@@ -4,17 +4,9 @@
 
 use std::time::Duration;
 
-use conformance_tests::server_url;
+use conformance_tests::{server_url, unique_key};
 use lock_core::{Error, LockBackend, Locker};
 use lock_etcd::EtcdBackend;
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("lease-reuse-{name}-{nanos}")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_locks_lease_serves_the_next_acquire_and_only_that_one() {
@@ -23,7 +15,11 @@ async fn a_released_locks_lease_serves_the_next_acquire_and_only_that_one() {
     };
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let (a, b, c) = (unique("a"), unique("b"), unique("c"));
+    let (a, b, c) = (
+        unique_key("lease-reuse-a"),
+        unique_key("lease-reuse-b"),
+        unique_key("lease-reuse-c"),
+    );
     let ttl = Duration::from_secs(10);
 
     let first = locker.try_acquire(&a, ttl).await.expect("acquire a");
@@ -58,7 +54,7 @@ async fn an_idle_lease_revoked_behind_the_backends_back_is_replaced() {
     };
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let key = unique("revoked");
+    let key = unique_key("lease-reuse-revoked");
     let ttl = Duration::from_secs(10);
 
     let lease = locker.try_acquire(&key, ttl).await.expect("acquire");
@@ -97,7 +93,10 @@ async fn a_second_release_does_not_touch_the_reused_lease() {
     };
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let (a, b) = (unique("twice-a"), unique("twice-b"));
+    let (a, b) = (
+        unique_key("lease-reuse-twice-a"),
+        unique_key("lease-reuse-twice-b"),
+    );
     let ttl = Duration::from_secs(10);
 
     let first = locker.try_acquire(&a, ttl).await.expect("acquire a");
@@ -140,7 +139,7 @@ async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
     let ttl = Duration::from_secs(2);
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let key = unique("lapse");
+    let key = unique_key("lease-reuse-lapse");
 
     let first = locker.try_acquire(&key, ttl).await.expect("acquire");
     let lease_id = backend

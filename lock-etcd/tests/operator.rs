@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::server_url;
+use conformance_tests::{server_url, unique_key};
 use lock_core::{GuardOptions, Locker};
 use lock_etcd::EtcdBackend;
 
@@ -14,13 +14,7 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     };
     let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
     let backend = locker.backend().clone();
-    let prefix = format!(
-        "operator-{}/",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let prefix = format!("{}/", unique_key("operator"));
     let ttl = Duration::from_secs(30);
     let guard = locker
         .guard(&format!("{prefix}a"), GuardOptions::new(ttl))

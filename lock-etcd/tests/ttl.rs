@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::server_url;
+use conformance_tests::{server_url, unique_key};
 use lock_core::{Error, Locker};
 use lock_etcd::EtcdBackend;
 
@@ -12,13 +12,7 @@ async fn a_ttl_below_the_clusters_minimum_is_refused_and_leaves_nothing_held() {
     let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
         return;
     };
-    let key = format!(
-        "ttl-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let key = unique_key("ttl");
     // Declared minimum (2 s by default): refused before any request.
     let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
     let err = locker
@@ -69,13 +63,7 @@ async fn extend_to_a_shorter_or_longer_ttl_keeps_the_lock() {
     let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
         return;
     };
-    let key = format!(
-        "ttl-extend-{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let key = unique_key("ttl-extend");
     let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
     let mut lease = locker
         .try_acquire(&key, Duration::from_secs(6))
