@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
 use tokio::sync::Mutex;
 
-use crate::stats::Latency;
+use crate::stats::{Latency, nanos};
 
 /// How the floor is measured, for the report.
 pub fn method() -> String {
@@ -78,7 +78,7 @@ pub async fn floor(
                         }
                         let granted = Instant::now();
                         if let Some(r) = released_at.lock().await.take() {
-                            gaps.push((granted - r).as_nanos() as u64);
+                            gaps.push(nanos(granted - r));
                         }
                     }
                     holding = false;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::stats::quantile;
+use crate::stats::{nanos, quantile};
 
 /// One round to one node against one round to all nodes.
 #[derive(Debug, Clone, Serialize)]
@@ -105,8 +105,4 @@ async fn ping_all(socks: &mut [TcpStream]) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn nanos(d: Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128) as u64
 }

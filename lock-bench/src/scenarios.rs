@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::counters::Counter;
-use crate::stats::Latency;
+use crate::stats::{Latency, nanos};
 use crate::subject::{Client, Held};
 
 /// T tasks, each taking and releasing keys of its own.
@@ -91,10 +91,6 @@ pub struct Loss {
     pub max_ms: f64,
     /// Samples where `lost()` did not fire within 10 s, or the removal failed.
     pub errors: Vec<String>,
-}
-
-fn nanos(d: Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128) as u64
 }
 
 /// `tasks` tasks, each locking and releasing its own key for `phase`.

@@ -42,6 +42,11 @@ impl Latency {
 }
 
 /// Nearest-rank quantile of sorted nanosecond samples, in microseconds.
+/// A duration in whole nanoseconds, the unit latencies are recorded in.
+pub(crate) fn nanos(d: std::time::Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
 pub(crate) fn quantile(sorted: &[u64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
