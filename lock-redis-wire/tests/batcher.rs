@@ -11,6 +11,14 @@ use redis::AsyncConnectionConfig;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// Yields until the batcher has taken what was asked and sent what it can:
+/// it lets the other ready tasks go once before it takes a batch.
+async fn let_the_batcher_run() {
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Current-thread runtime: the batcher runs only when the test yields, so
 /// the test knows what it has taken off its queue.
 #[tokio::test(flavor = "current_thread")]
@@ -38,16 +46,16 @@ async fn an_acquire_abandoned_while_held_back_is_never_sent() {
         .expect("warm-up release");
 
     server.pause().expect("pause");
-    // On the wire (the batcher runs at the yield), stuck at the paused server.
+    // On the wire, alone, stuck at the paused server.
     let acquire = tokio::spawn(batcher.acquire(held.clone(), TTL));
-    tokio::task::yield_now().await;
+    let_the_batcher_run().await;
     // Held back behind its own claim's acquire, and everything after it too.
     let release = tokio::spawn(batcher.release(held.clone(), 0));
     let gone = batcher.acquire(abandoned.clone(), TTL);
     let waited_for = tokio::spawn(batcher.acquire(kept.clone(), TTL));
-    tokio::task::yield_now().await;
+    let_the_batcher_run().await;
     drop(gone);
-    tokio::task::yield_now().await;
+    let_the_batcher_run().await;
     server.resume().expect("resume");
 
     assert!(
