@@ -2,8 +2,10 @@
 
 mod config;
 mod errors;
+mod feed;
 mod lease_pool;
 mod queue;
+mod waiting;
 mod wake;
 
 use std::future::Future;
@@ -17,10 +19,11 @@ use lock_core::{
     LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
     async_trait,
 };
-use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep, timeout_at};
 
 pub use config::{DEFAULT_PORT, EtcdOptions};
 use errors::{Endpoint, is_lease_gone};
+use feed::Feeds;
 use lease_pool::LeasePool;
 use queue::Queue;
 use wake::Watched;
@@ -44,6 +47,8 @@ struct Inner {
     capabilities: Capabilities,
     /// Released locks' leases, renewed for the next acquire.
     idle_leases: LeasePool,
+    /// The shared watches of the queues this backend's waiters wait in.
+    feeds: Feeds,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -229,6 +234,7 @@ impl EtcdBackend {
             request_timeout: options.request_timeout,
             capabilities,
             idle_leases: LeasePool::default(),
+            feeds: Feeds::default(),
         };
         Ok(EtcdBackend {
             inner: Arc::new(inner),
@@ -503,206 +509,6 @@ impl EtcdBackend {
             held: None,
         })
     }
-
-    /// Waits in the queue until `entry` heads it. `Ok(None)`: the entry
-    /// vanished (its lease expired while the cluster was unreachable), so
-    /// the caller enqueues again.
-    async fn wait_in_queue(
-        &self,
-        key: &LockKey,
-        mut entry: Entry,
-        ttl: Duration,
-        wait: &Waiting,
-        last_error: &mut Option<Error>,
-    ) -> Result<Option<Grant>> {
-        let queue = self.queue(key);
-        // Keep-alives while waiting, so a wait longer than the TTL keeps its place.
-        let every = ttl / 3;
-        let mut refreshed = entry.sent;
-        let mut tries = 0u32;
-        // The entry believed to be just ahead: watched from before each check.
-        let mut watching = entry.ahead.take();
-        // The revision at which the entry watched was deleted, once it was.
-        let mut deleted_at = None;
-        loop {
-            if let Some(at) = deleted_at.take() {
-                match self.local_check(&queue, &entry, at).await {
-                    Some(Place::Head) => return self.grant_head(key, entry, refreshed, ttl).await,
-                    Some(Place::Gone) => return Ok(None),
-                    Some(Place::Behind(ahead)) => watching = Some(ahead),
-                    None => {}
-                }
-            }
-            // The watch is set up before the check (not from the check's
-            // revision after it, which etcd would serve through its catch-up
-            // loop, up to 100 ms late). The check is a linearizable read, so
-            // it sees every revision the watch started after: if it still
-            // finds the watched entry, that entry's deletion will be reported.
-            let watch = match &watching {
-                Some(ahead) => {
-                    wake::Deletion::from_now(
-                        self.client(),
-                        ahead.clone(),
-                        self.inner.request_timeout,
-                    )
-                    .await
-                }
-                None => None,
-            };
-            let checked = self
-                .txn("queue check", queue.check(&entry.entry, entry.revision))
-                .await;
-            let ahead = match checked {
-                Ok(resp) => {
-                    let [ahead, mine] =
-                        <[Option<KeyValue>; 2]>::try_from(gets(&resp)).unwrap_or_default();
-                    if mine.is_none() {
-                        return Ok(None);
-                    }
-                    ahead
-                }
-                Err(e @ Error::Unavailable { .. }) => {
-                    // Keep our place while the lease may still live; retry.
-                    if Instant::now() >= refreshed + ttl {
-                        return Err(e);
-                    }
-                    *last_error = Some(e);
-                    sleep(wait.backoff.delay(tries)).await;
-                    tries = tries.saturating_add(1);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            tries = 0;
-            let Some(ahead) = ahead else {
-                return self.grant_head(key, entry, refreshed, ttl).await;
-            };
-            if watching.as_deref() != Some(ahead.key()) {
-                // Not yet watching the entry just ahead (another one is ahead
-                // now): watch it, then check again.
-                watching = Some(ahead.key().to_vec());
-                continue;
-            }
-            let deleted = async {
-                match watch {
-                    Some(watch) => watch.wait().await,
-                    None => Watched::Broken,
-                }
-            };
-            tokio::select! {
-                watched = deleted => match watched {
-                    // Gone: check at once, without watching it again first.
-                    Watched::Deleted(at) => {
-                        watching = None;
-                        deleted_at = Some(at);
-                    }
-                    // Read again after a pause; a broken watch must not spin.
-                    Watched::Broken => sleep(wait.backoff.delay(0)).await,
-                },
-                () = sleep_until(refreshed + every) => {
-                    let sent = Instant::now();
-                    match self.keep_alive(key, entry.lease_id).await {
-                        Ok(()) => refreshed = sent,
-                        Err(Error::Lost { .. }) => return Ok(None),
-                        Err(e) => {
-                            *last_error = Some(e);
-                            if Instant::now() >= refreshed + ttl {
-                                return Ok(None);
-                            }
-                            sleep(wait.backoff.delay(tries)).await;
-                            tries = tries.saturating_add(1);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Grants the lock to `entry`, found heading its queue by a check
-    /// (`refreshed`: when its last successful lease renewal was sent).
-    async fn grant_head(
-        &self,
-        key: &LockKey,
-        entry: Entry,
-        refreshed: Instant,
-        ttl: Duration,
-    ) -> Result<Option<Grant>> {
-        // The entry found heading the queue may belong to a lease that has
-        // expired since, its revoke not yet committed (the gap Jepsen found
-        // in etcd 3.4.3's lock), so the grant counts from a renewal known to
-        // have succeeded.
-        //
-        // Why a recent renewal needs no new keep-alive: the lease grant or
-        // keep-alive sent at `refreshed` succeeded, so the server runs the
-        // lease's full TTL from no earlier than `refreshed` (the assumption
-        // every deadline here rests on; a new leader only extends leases).
-        // Until then only a revoke or a delete removes the entry, and a check
-        // found it with nothing ahead: entries queued later are behind it,
-        // and an entry gone from the queue never comes back. So the lock is
-        // ours until `refreshed` + TTL, and the Locker's deadline
-        // (`refreshed` + TTL − drift margin, refused if already past) holds,
-        // as for a grant at enqueue. A keep-alive now would only move the
-        // deadline later: worth its round trip only once more than a tenth
-        // of the TTL would be given up.
-        let sent = if Instant::now() < refreshed + ttl / 10 {
-            refreshed
-        } else {
-            let sent = Instant::now();
-            match self.keep_alive(key, entry.lease_id).await {
-                Ok(()) => sent,
-                Err(Error::Lost { .. }) => return Ok(None),
-                Err(e) => return Err(e),
-            }
-        };
-        Ok(Some(entry.into_grant(sent)))
-    }
-
-    /// After the entry ahead was deleted at revision `at`: where `entry`
-    /// stands, read from the member's own copy at revision `at` or later,
-    /// without the round to the leader a linearizable read costs. Safe
-    /// because the answer at any one revision after our entry's creation
-    /// stays true: entries join behind (a higher create revision), and an
-    /// entry, once deleted, never comes back with its create revision.
-    /// `None` if the deletion predates our entry, the member has not yet
-    /// applied `at`, or it could not be read: the caller reads
-    /// linearizably.
-    async fn local_check(&self, queue: &Queue, entry: &Entry, at: i64) -> Option<Place> {
-        // A deletion before our own entry was created is of an earlier entry
-        // under the same key (leases are reused, and the key names the
-        // lease): it says nothing about the entry ahead of ours now.
-        if at <= entry.revision {
-            return None;
-        }
-        let mut client = self.client();
-        let options = queue.local_check(entry.revision);
-        // Only a shortcut: a member slow to answer is passed over quickly.
-        let read = client.get(queue.prefix(), Some(options));
-        let resp = tokio::time::timeout(self.inner.request_timeout / 4, read)
-            .await
-            .ok()?
-            .ok()?;
-        if resp.header().map_or(0, |h| h.revision()) < at {
-            return None;
-        }
-        let mut kvs = resp.kvs().iter();
-        match kvs.next() {
-            Some(kv) if kv.key() == entry.entry.as_slice() => match kvs.next() {
-                None => Some(Place::Head),
-                Some(ahead) => Some(Place::Behind(ahead.key().to_vec())),
-            },
-            _ => Some(Place::Gone),
-        }
-    }
-}
-
-/// Where a queued entry stands.
-enum Place {
-    /// First in line: the lock is its own.
-    Head,
-    /// Behind this entry (the one just ahead of it).
-    Behind(Vec<u8>),
-    /// Gone from the queue: its lease ended.
-    Gone,
 }
 
 #[cfg(feature = "tls")]
@@ -787,6 +593,9 @@ impl LockBackend for EtcdBackend {
         let mut last_error = None;
         let mut tries = 0u32;
         loop {
+            // Joined before enqueueing, a live feed of the queue's deletions
+            // covers every one after the entry is created.
+            let joined = self.inner.feeds.join(self.queue(key).prefix());
             // Enqueueing is not cut short by the end of the wait, so that even
             // a zero wait makes one attempt.
             let (entry, head) = match self.enqueue(key, owner, ttl).await {
@@ -815,7 +624,7 @@ impl LockBackend for EtcdBackend {
             last_error = None;
             match timeout_at(
                 wait.until,
-                self.wait_in_queue(key, entry, ttl, wait, &mut last_error),
+                self.wait_in_queue(key, entry, joined, ttl, wait, &mut last_error),
             )
             .await
             {

@@ -1,0 +1,161 @@
+//! One watch per lock queue, shared by all of this backend's waiters on
+//! that lock: the queue's feed of deletions.
+//!
+//! Without it, every wait sets up watches of its own on the entry ahead
+//! (each a gRPC stream the cluster sets up and tears down) and reads the
+//! queue linearizably once they are in place, because a watch registered
+//! while a write lands is served late. A feed is set up once, when a waiter
+//! first finds the lock held, and lives while any waiter of this backend
+//! uses it. A contender that enqueues while the feed is live needs neither:
+//! the feed already covers every deletion after its entry was created, and
+//! the enqueue told it the entry just ahead. Each release then reaches this
+//! backend as one event, which wakes only the waiter whose entry was just
+//! behind.
+//!
+//! A feed that breaks (member lost, history compacted) or that a waiter
+//! falls too far behind on sends its waiters back to watches of their own.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream, Watcher};
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+
+/// Deletions a waiter may fall behind by before it is sent back to watches
+/// of its own: far more than the waiters of one lock in one process.
+const BACKLOG: usize = 1024;
+
+/// What a feed reports.
+#[derive(Debug, Clone)]
+pub(crate) enum Fed {
+    /// The entry `key` was deleted at `revision`.
+    Deleted { key: Vec<u8>, revision: i64 },
+    /// The watch ended; no deletion after this is reported.
+    Broken,
+}
+
+/// The live feeds of one backend, by queue prefix.
+#[derive(Default)]
+pub(crate) struct Feeds {
+    live: Mutex<HashMap<Vec<u8>, Weak<Feed>>>,
+}
+
+struct Feed {
+    events: broadcast::Sender<Fed>,
+    broken: Arc<AtomicBool>,
+    task: AbortHandle,
+}
+
+impl Drop for Feed {
+    /// The last waiter left: the watch ends with the task that holds it.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A waiter's place on a feed: every deletion reported after it was taken.
+pub(crate) struct Subscription {
+    _feed: Arc<Feed>,
+    events: broadcast::Receiver<Fed>,
+}
+
+impl Subscription {
+    /// The next deletion; `None` once the feed broke or this waiter fell
+    /// behind (deletions were dropped), when the waiter must read the queue
+    /// to learn where it stands.
+    pub(crate) async fn next(&mut self) -> Option<(Vec<u8>, i64)> {
+        match self.events.recv().await {
+            Ok(Fed::Deleted { key, revision }) => Some((key, revision)),
+            Ok(Fed::Broken) | Err(_) => None,
+        }
+    }
+}
+
+impl Feeds {
+    /// A place on the live feed of the queue at `prefix`, if there is one:
+    /// taken before enqueueing, it reports every deletion after the entry.
+    pub(crate) fn join(&self, prefix: &[u8]) -> Option<Subscription> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let feed = live.get(prefix)?.upgrade()?;
+        // Subscribed before looking: a feed that breaks after the look
+        // reports it to this subscriber too.
+        let events = feed.events.subscribe();
+        if feed.broken.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(Subscription {
+            _feed: feed,
+            events,
+        })
+    }
+
+    /// A place on the queue's feed, set up now if none is live: it reports
+    /// the deletions after the revision the member had applied when it
+    /// registered the watch, which it has when this returns. `None` if the
+    /// watch could not be set up within `setup_timeout`.
+    pub(crate) async fn join_or_start(
+        &self,
+        client: &Client,
+        prefix: &[u8],
+        setup_timeout: Duration,
+    ) -> Option<Subscription> {
+        if let Some(joined) = self.join(prefix) {
+            return Some(joined);
+        }
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        let mut client = client.clone();
+        // The client returns once the member has confirmed the watch, which
+        // it does after registering it.
+        let (watcher, stream) =
+            tokio::time::timeout(setup_timeout, client.watch(prefix.to_vec(), Some(options)))
+                .await
+                .ok()?
+                .ok()?;
+        // Subscribed before the first event is forwarded: none is missed.
+        let (sender, events) = broadcast::channel(BACKLOG);
+        let broken = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(forward(watcher, stream, sender.clone(), broken.clone()));
+        let feed = Arc::new(Feed {
+            events: sender,
+            broken,
+            task: task.abort_handle(),
+        });
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|_, f| f.strong_count() > 0);
+        live.insert(prefix.to_vec(), Arc::downgrade(&feed));
+        Some(Subscription {
+            _feed: feed,
+            events,
+        })
+    }
+}
+
+/// Forwards the watch's deletions to the feed's waiters until it ends.
+async fn forward(
+    _watcher: Watcher,
+    mut stream: WatchStream,
+    events: broadcast::Sender<Fed>,
+    broken: Arc<AtomicBool>,
+) {
+    while let Ok(Some(response)) = stream.message().await {
+        if response.canceled() || response.compact_revision() > 0 {
+            break;
+        }
+        for event in response.events() {
+            if let (EventType::Delete, Some(kv)) = (event.event_type(), event.kv()) {
+                // No receiver: every waiter left while the feed winds down.
+                let _ = events.send(Fed::Deleted {
+                    key: kv.key().to_vec(),
+                    revision: kv.mod_revision(),
+                });
+            }
+        }
+    }
+    broken.store(true, Ordering::Release);
+    let _ = events.send(Fed::Broken);
+}

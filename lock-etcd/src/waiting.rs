@@ -1,0 +1,296 @@
+//! Waiting in a lock's queue until the entry heads it (etcd's own mutex
+//! recipe, herd-free): the waiter waits for the deletion of the entry just
+//! ahead of it, then looks at where it stands.
+//!
+//! Deletions come from the lock's shared feed ([`crate::feed`]) when one is
+//! live, else from watches of the waiter's own ([`crate::wake`]).
+
+use etcd_client::KeyValue;
+use lock_core::{Error, Grant, LockKey, Result, Waiting};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::feed::Subscription;
+use crate::queue::Queue;
+use crate::wake::{self, Watched};
+use crate::{Entry, EtcdBackend, gets};
+
+/// Where a queued entry stands.
+enum Place {
+    /// First in line: the lock is its own.
+    Head,
+    /// Behind this entry (the one just ahead of it), as read at this revision.
+    Behind(Vec<u8>, i64),
+    /// Gone from the queue: its lease ended.
+    Gone,
+}
+
+/// What wakes the waiter when the entry ahead goes.
+enum Wake {
+    /// The lock's feed, and the entry just ahead with the revision it was
+    /// seen at, once known: the feed reports every deletion after that.
+    Feed(Subscription, Option<(Vec<u8>, i64)>),
+    /// Watches of the waiter's own, on the entry believed to be just ahead.
+    Own(Option<Vec<u8>>),
+}
+
+impl EtcdBackend {
+    /// Waits in the queue until `entry` heads it. `joined`: a place on the
+    /// lock's feed taken before the entry was enqueued. `Ok(None)`: the entry
+    /// vanished (its lease expired while the cluster was unreachable), so
+    /// the caller enqueues again.
+    pub(crate) async fn wait_in_queue(
+        &self,
+        key: &LockKey,
+        mut entry: Entry,
+        joined: Option<Subscription>,
+        ttl: std::time::Duration,
+        wait: &Waiting,
+        last_error: &mut Option<Error>,
+    ) -> Result<Option<Grant>> {
+        let queue = self.queue(key);
+        // Keep-alives while waiting, so a wait longer than the TTL keeps its place.
+        let every = ttl / 3;
+        let mut refreshed = entry.sent;
+        let mut tries = 0u32;
+        let ahead = entry.ahead.take();
+        let mut wake = match (joined, ahead) {
+            // Joined before the entry was created: the enqueue's read of
+            // the entry ahead is covered.
+            (Some(feed), Some(ahead)) => Wake::Feed(feed, Some((ahead, entry.revision))),
+            (_, ahead) => {
+                let client = self.client();
+                let timeout = self.inner.request_timeout;
+                match self
+                    .inner
+                    .feeds
+                    .join_or_start(&client, queue.prefix(), timeout)
+                    .await
+                {
+                    // Joined after the entry was created: a check follows.
+                    Some(feed) => Wake::Feed(feed, None),
+                    None => Wake::Own(ahead),
+                }
+            }
+        };
+        // The revision at which the entry waited for was deleted, once it was.
+        let mut deleted_at = None;
+        loop {
+            if let Some(at) = deleted_at.take() {
+                match self.local_check(&queue, &entry, at).await {
+                    Some(Place::Head) => return self.grant_head(key, entry, refreshed, ttl).await,
+                    Some(Place::Gone) => return Ok(None),
+                    Some(Place::Behind(ahead, seen_at)) => match &mut wake {
+                        Wake::Feed(_, known) => *known = Some((ahead, seen_at)),
+                        Wake::Own(watching) => *watching = Some(ahead),
+                    },
+                    None => {
+                        if let Wake::Feed(_, known) = &mut wake {
+                            *known = None;
+                        }
+                    }
+                }
+            }
+            let mut own_watch = None;
+            let needs_check = match &wake {
+                Wake::Feed(_, known) => known.is_none(),
+                Wake::Own(watching) => {
+                    // The watch is set up before the check (not from the
+                    // check's revision after it, which etcd would serve
+                    // through its catch-up loop, up to 100 ms late). The check
+                    // is a linearizable read, so it sees every revision the
+                    // watch started after: if it still finds the watched
+                    // entry, that entry's deletion will be reported.
+                    if let Some(ahead) = watching {
+                        own_watch = wake::Deletion::from_now(
+                            self.client(),
+                            ahead.clone(),
+                            self.inner.request_timeout,
+                        )
+                        .await;
+                    }
+                    true
+                }
+            };
+            if needs_check {
+                let checked = self
+                    .txn("queue check", queue.check(&entry.entry, entry.revision))
+                    .await;
+                let (ahead, revision) = match checked {
+                    Ok(resp) => {
+                        let revision = resp.header().map_or(0, |h| h.revision());
+                        let [ahead, mine] =
+                            <[Option<KeyValue>; 2]>::try_from(gets(&resp)).unwrap_or_default();
+                        if mine.is_none() {
+                            return Ok(None);
+                        }
+                        (ahead, revision)
+                    }
+                    Err(e @ Error::Unavailable { .. }) => {
+                        // Keep our place while the lease may still live; retry.
+                        if Instant::now() >= refreshed + ttl {
+                            return Err(e);
+                        }
+                        *last_error = Some(e);
+                        sleep(wait.backoff.delay(tries)).await;
+                        tries = tries.saturating_add(1);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                tries = 0;
+                let Some(ahead) = ahead else {
+                    return self.grant_head(key, entry, refreshed, ttl).await;
+                };
+                match &mut wake {
+                    // The feed was registered before the check: it reports
+                    // every deletion after the check's revision.
+                    Wake::Feed(_, known) => *known = Some((ahead.key().to_vec(), revision)),
+                    Wake::Own(watching) => {
+                        if watching.as_deref() != Some(ahead.key()) {
+                            // Not yet watching the entry just ahead (another
+                            // one is ahead now): watch it, then check again.
+                            *watching = Some(ahead.key().to_vec());
+                            continue;
+                        }
+                    }
+                }
+            }
+            let renew_at = refreshed + every;
+            let watched = {
+                let deleted = async {
+                    match &mut wake {
+                        Wake::Feed(feed, Some((ahead, seen_at))) => loop {
+                            match feed.next().await {
+                                // A deletion under that key up to the revision
+                                // it was seen at is of an earlier entry
+                                // (leases, and so keys, are reused).
+                                Some((key, at)) if key == *ahead && at > *seen_at => {
+                                    break Watched::Deleted(at);
+                                }
+                                Some(_) => {}
+                                None => break Watched::Broken,
+                            }
+                        },
+                        Wake::Feed(_, None) => Watched::Broken,
+                        Wake::Own(_) => match own_watch {
+                            Some(watch) => watch.wait().await,
+                            None => Watched::Broken,
+                        },
+                    }
+                };
+                tokio::select! {
+                    watched = deleted => Some(watched),
+                    () = sleep_until(renew_at) => None,
+                }
+            };
+            match watched {
+                // Gone: check at once, without watching it again first.
+                Some(Watched::Deleted(at)) => {
+                    if let Wake::Own(watching) = &mut wake {
+                        *watching = None;
+                    }
+                    deleted_at = Some(at);
+                }
+                // The feed broke or fell behind: watches of our own, after a
+                // check.
+                Some(Watched::Broken) if matches!(wake, Wake::Feed(..)) => {
+                    wake = Wake::Own(None);
+                }
+                // Read again after a pause; a broken watch must not spin.
+                Some(Watched::Broken) => sleep(wait.backoff.delay(0)).await,
+                None => {
+                    let sent = Instant::now();
+                    match self.keep_alive(key, entry.lease_id).await {
+                        Ok(()) => refreshed = sent,
+                        Err(Error::Lost { .. }) => return Ok(None),
+                        Err(e) => {
+                            *last_error = Some(e);
+                            if Instant::now() >= refreshed + ttl {
+                                return Ok(None);
+                            }
+                            sleep(wait.backoff.delay(tries)).await;
+                            tries = tries.saturating_add(1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Grants the lock to `entry`, found heading its queue by a check
+    /// (`refreshed`: when its last successful lease renewal was sent).
+    async fn grant_head(
+        &self,
+        key: &LockKey,
+        entry: Entry,
+        refreshed: Instant,
+        ttl: std::time::Duration,
+    ) -> Result<Option<Grant>> {
+        // The entry found heading the queue may belong to a lease that has
+        // expired since, its revoke not yet committed (the gap Jepsen found
+        // in etcd 3.4.3's lock), so the grant counts from a renewal known to
+        // have succeeded.
+        //
+        // Why a recent renewal needs no new keep-alive: the lease grant or
+        // keep-alive sent at `refreshed` succeeded, so the server runs the
+        // lease's full TTL from no earlier than `refreshed` (the assumption
+        // every deadline here rests on; a new leader only extends leases).
+        // Until then only a revoke or a delete removes the entry, and a check
+        // found it with nothing ahead: entries queued later are behind it,
+        // and an entry gone from the queue never comes back. So the lock is
+        // ours until `refreshed` + TTL, and the Locker's deadline
+        // (`refreshed` + TTL − drift margin, refused if already past) holds,
+        // as for a grant at enqueue. A keep-alive now would only move the
+        // deadline later: worth its round trip only once more than a tenth
+        // of the TTL would be given up.
+        let sent = if Instant::now() < refreshed + ttl / 10 {
+            refreshed
+        } else {
+            let sent = Instant::now();
+            match self.keep_alive(key, entry.lease_id).await {
+                Ok(()) => sent,
+                Err(Error::Lost { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(Some(entry.into_grant(sent)))
+    }
+
+    /// After the entry ahead was deleted at revision `at`: where `entry`
+    /// stands, read from the member's own copy at revision `at` or later,
+    /// without the round to the leader a linearizable read costs. Safe
+    /// because the answer at any one revision after our entry's creation
+    /// stays true: entries join behind (a higher create revision), and an
+    /// entry, once deleted, never comes back with its create revision.
+    /// `None` if the deletion predates our entry, the member has not yet
+    /// applied `at`, or it could not be read: the caller reads
+    /// linearizably.
+    async fn local_check(&self, queue: &Queue, entry: &Entry, at: i64) -> Option<Place> {
+        // A deletion before our own entry was created is of an earlier entry
+        // under the same key (leases are reused, and the key names the
+        // lease): it says nothing about the entry ahead of ours now.
+        if at <= entry.revision {
+            return None;
+        }
+        let mut client = self.client();
+        let options = queue.local_check(entry.revision);
+        // Only a shortcut: a member slow to answer is passed over quickly.
+        let read = client.get(queue.prefix(), Some(options));
+        let resp = tokio::time::timeout(self.inner.request_timeout / 4, read)
+            .await
+            .ok()?
+            .ok()?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        if revision < at {
+            return None;
+        }
+        let mut kvs = resp.kvs().iter();
+        match kvs.next() {
+            Some(kv) if kv.key() == entry.entry.as_slice() => match kvs.next() {
+                None => Some(Place::Head),
+                Some(ahead) => Some(Place::Behind(ahead.key().to_vec(), revision)),
+            },
+            _ => Some(Place::Gone),
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The waiters of one backend on one lock share one watch (the lock's feed),
+//! and a feed that breaks sends them back to watches of their own (on a
+//! private one-member cluster, whose metrics count the watch streams).
+
+use std::time::Duration;
+
+use lock_core::Locker;
+use lock_etcd::EtcdBackend;
+use lock_testkit::EtcdCluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+const WAITERS: usize = 10;
+
+async fn start_cluster() -> EtcdCluster {
+    tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .expect("start task")
+        .expect("start a private etcd cluster")
+}
+
+/// How many watch streams the member has opened since it started.
+async fn watch_streams(cluster: &EtcdCluster) -> u64 {
+    let port = cluster.member(0).client_port();
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the member's metrics");
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("ask for metrics");
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.expect("read metrics");
+    body.lines()
+        .find(|l| {
+            l.starts_with("grpc_server_started_total{") && l.contains("grpc_method=\"Watch\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .map_or(0, |n| n as u64)
+}
+
+/// Polls until `ready` holds (etcd has no event for a queue's length or a
+/// member's counters); panics after 30 s, naming `what`.
+async fn until<F: Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready().await {
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_waiters_on_a_lock_share_one_watch() {
+    let cluster = start_cluster().await;
+    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let key = "shared-feed";
+    let first = locker.try_acquire(key, TTL).await.expect("first holder");
+    let before = watch_streams(&cluster).await;
+
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let locker = locker.clone();
+        waiters.push(tokio::spawn(async move {
+            let lease = locker
+                .acquire(key, TTL, Duration::from_secs(60))
+                .await
+                .expect("acquire");
+            let token = lease.fencing_token();
+            locker.release(lease).await.expect("release");
+            token
+        }));
+        until(&format!("waiter {i} in the queue"), || async {
+            backend.queue_len(key).await.expect("queue length") == i + 2
+        })
+        .await;
+        if i == 0 {
+            // The first waiter found no feed and set one up: the others
+            // join it.
+            until("the first waiter's feed", || async {
+                watch_streams(&cluster).await > before
+            })
+            .await;
+        }
+    }
+    locker
+        .release(first)
+        .await
+        .expect("release the first holder");
+    let mut tokens = Vec::new();
+    for w in waiters {
+        let token = tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("every waiter is granted")
+            .expect("waiter panicked");
+        tokens.push(token);
+    }
+    assert!(
+        tokens.windows(2).all(|t| t[0] < t[1]),
+        "granted in queue order: {tokens:?}"
+    );
+    let opened = watch_streams(&cluster).await - before;
+    assert_eq!(
+        opened, 1,
+        "{WAITERS} waits and their handoffs opened {opened} watch streams, not one shared feed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_whose_feed_broke_is_still_woken_by_the_release() {
+    let cluster = start_cluster().await;
+    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let key = "broken-feed";
+    let holder = locker.try_acquire(key, TTL).await.expect("holder");
+    let before = watch_streams(&cluster).await;
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            locker
+                .acquire(key, TTL, Duration::from_secs(60))
+                .await
+                .expect("acquire after the restart")
+        })
+    };
+    until("the waiter's feed", || async {
+        watch_streams(&cluster).await > before
+    })
+    .await;
+
+    // The restart ends every stream to the member, the feed's too; the
+    // holder's lease and entry outlive it.
+    let member = cluster.member(0);
+    tokio::task::block_in_place(|| member.restart()).expect("restart the member");
+    locker
+        .release(holder)
+        .await
+        .expect("release after the restart");
+
+    let granted = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter is granted once the holder released")
+        .expect("waiter panicked");
+    assert_eq!(
+        backend
+            .holder(key)
+            .await
+            .expect("holder")
+            .map(|h| h.fencing_token),
+        Some(granted.fencing_token())
+    );
+}
