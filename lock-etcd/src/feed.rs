@@ -8,9 +8,9 @@
 //! first finds the lock held, and lives while any waiter of this backend
 //! uses it. A contender that enqueues while the feed is live needs neither:
 //! the feed already covers every deletion after its entry was created, and
-//! the enqueue told it the entry just ahead. Each release then reaches this
-//! backend as one event, which wakes only the waiter whose entry was just
-//! behind.
+//! the enqueue told it the entries ahead; once they are all deleted, it
+//! heads the queue. Each release then reaches this backend as one event,
+//! which wakes only the waiter whose entry was just behind.
 //!
 //! A feed that breaks (member lost, history compacted) or that a waiter
 //! falls too far behind on sends its waiters back to watches of their own.

@@ -25,7 +25,7 @@ pub use config::{DEFAULT_PORT, EtcdOptions};
 use errors::{Endpoint, is_lease_gone};
 use feed::Feeds;
 use lease_pool::LeasePool;
-use queue::Queue;
+use queue::{Ahead, Queue};
 use wake::Watched;
 
 /// The URL schemes this backend serves.
@@ -107,8 +107,8 @@ struct Entry {
     revision: i64,
     /// When the lease grant was sent: the lease's TTL runs from later.
     sent: Instant,
-    /// The entry just ahead of this one when it was created, if any.
-    ahead: Option<Vec<u8>>,
+    /// The entries ahead of this one when it was created.
+    ahead: Ahead,
     revoke: RevokeOnDrop,
 }
 
@@ -448,11 +448,10 @@ impl EtcdBackend {
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         let head = gets(&resp).into_iter().next().flatten();
         let ahead = match resp.op_responses().into_iter().nth(2) {
-            Some(TxnOpResponse::Get(newest_two)) => {
-                newest_two.kvs().get(1).map(|kv| kv.key().to_vec())
-            }
+            Some(TxnOpResponse::Get(newest)) => Ahead::behind_own(&newest, &entry),
             _ => None,
-        };
+        }
+        .unwrap_or_default();
         let entry = Entry {
             entry,
             lease_id,

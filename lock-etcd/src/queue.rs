@@ -9,8 +9,50 @@
 //! The value of an entry is its owner token in hex, so that only the holder
 //! can release or extend, even with a lease rebuilt in another process.
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 use lock_core::LockKey;
+
+/// How many of the entries ahead of its own a waiter reads (the nearest
+/// ones). When that is all of them, the lock's feed of deletions alone tells
+/// the waiter when it heads the queue, with no read after each deletion.
+const KNOWN_AHEAD: i64 = 16;
+
+/// Entries ahead of a waiter's own, nearest first, as read in one revision.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ahead {
+    pub(crate) keys: Vec<Vec<u8>>,
+    /// True when the read found no more: these are all the entries ahead.
+    pub(crate) all: bool,
+}
+
+impl Ahead {
+    /// From a read of the entries created before the waiter's own, newest
+    /// first, cut off at [`KNOWN_AHEAD`].
+    pub(crate) fn of(read: &GetResponse) -> Ahead {
+        Ahead {
+            keys: read.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+            all: !read.more(),
+        }
+    }
+
+    /// From a read that starts with the waiter's own entry (the newest
+    /// entries created at or before it); `None` if it does not start there
+    /// (the entry is gone).
+    pub(crate) fn behind_own(read: &GetResponse, own: &[u8]) -> Option<Ahead> {
+        let (first, ahead) = read.kvs().split_first()?;
+        (first.key() == own).then(|| Ahead {
+            keys: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
+            all: !read.more(),
+        })
+    }
+
+    /// The entry just ahead.
+    pub(crate) fn nearest(&self) -> Option<&[u8]> {
+        self.keys.first().map(Vec::as_slice)
+    }
+}
 
 /// The entries of one lock.
 #[derive(Debug, Clone)]
@@ -39,23 +81,23 @@ impl Queue {
 
     /// Creates `entry` bound to `lease` (only if it does not exist: lease ids
     /// are unique, so this fails only on a bug) and reads the queue's head
-    /// and its two newest entries (the new one, then the one just ahead of
-    /// it), all in one revision: the put's revision is the entry's create
-    /// revision.
+    /// and its newest entries (the new one, then the ones ahead of it,
+    /// nearest first), all in one revision: the put's revision is the
+    /// entry's create revision.
     pub(crate) fn enqueue(&self, entry: &[u8], lease: i64, owner_hex: &str) -> Txn {
-        // The entry just ahead lets a waiter set up its watch before its
-        // first queue check, rather than after it.
-        let newest_two = GetOptions::new()
+        // The entries ahead let a waiter wait on the lock's feed, or set up
+        // its own watch before its first queue check rather than after it.
+        let newest = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2);
+            .with_limit(KNOWN_AHEAD + 1);
         Txn::new()
             .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease))),
                 TxnOp::get(self.prefix.clone(), Some(self.head())),
-                TxnOp::get(self.prefix.clone(), Some(newest_two)),
+                TxnOp::get(self.prefix.clone(), Some(newest)),
             ])
     }
 
@@ -67,14 +109,15 @@ impl Queue {
             .with_limit(1)
     }
 
-    /// Reads, in one revision, the entry just ahead of the one created at
-    /// `revision` (the only one its owner watches) and that entry itself.
+    /// Reads, in one revision, the entries ahead of the one created at
+    /// `revision` (nearest first) and that entry itself.
     pub(crate) fn check(&self, entry: &[u8], revision: i64) -> Txn {
         let ahead = GetOptions::new()
             .with_prefix()
+            .with_keys_only()
             .with_max_create_revision(revision - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1);
+            .with_limit(KNOWN_AHEAD);
         Txn::new().and_then([
             TxnOp::get(self.prefix.clone(), Some(ahead)),
             TxnOp::get(entry, None),
@@ -82,15 +125,15 @@ impl Queue {
     }
 
     /// Reads, from the member's own copy (serializable: no round to the
-    /// leader), the entry created at `revision` and the one just ahead of
-    /// it: the two newest entries created at or before `revision`.
+    /// leader), the entry created at `revision` and the ones ahead of it:
+    /// the newest entries created at or before `revision`.
     pub(crate) fn local_check(&self, revision: i64) -> GetOptions {
         GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_max_create_revision(revision)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
+            .with_limit(KNOWN_AHEAD + 1)
             .with_serializable()
     }
 

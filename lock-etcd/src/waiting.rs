@@ -5,32 +5,46 @@
 //! Deletions come from the lock's shared feed ([`crate::feed`]) when one is
 //! live, else from watches of the waiter's own ([`crate::wake`]).
 
-use etcd_client::KeyValue;
+use etcd_client::TxnOpResponse;
 use lock_core::{Error, Grant, LockKey, Result, Waiting};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::feed::Subscription;
-use crate::queue::Queue;
+use crate::queue::{Ahead, Queue};
 use crate::wake::{self, Watched};
-use crate::{Entry, EtcdBackend, gets};
+use crate::{Entry, EtcdBackend};
 
 /// Where a queued entry stands.
 enum Place {
     /// First in line: the lock is its own.
     Head,
-    /// Behind this entry (the one just ahead of it), as read at this revision.
-    Behind(Vec<u8>, i64),
+    /// Behind these entries, as read at this revision.
+    Behind(Ahead, i64),
     /// Gone from the queue: its lease ended.
     Gone,
 }
 
-/// What wakes the waiter when the entry ahead goes.
+/// What wakes the waiter when an entry ahead goes.
 enum Wake {
-    /// The lock's feed, and the entry just ahead with the revision it was
-    /// seen at, once known: the feed reports every deletion after that.
-    Feed(Subscription, Option<(Vec<u8>, i64)>),
+    /// The lock's feed, and the entries ahead with the revision they were
+    /// read at, once known: the feed reports every deletion after that.
+    Feed(Subscription, Option<(Ahead, i64)>),
     /// Watches of the waiter's own, on the entry believed to be just ahead.
     Own(Option<Vec<u8>>),
+}
+
+/// What the waiter learned while it waited.
+enum Learned {
+    /// The entry waited for was deleted at this revision: read where we stand.
+    Deleted(i64),
+    /// Every entry ahead is gone, and our own is not: the lock is ours.
+    Head,
+    /// Our own entry was deleted (its lease revoked).
+    Gone,
+    /// The wake-up source broke.
+    Broken,
+    /// Time for a keep-alive.
+    Renew,
 }
 
 impl EtcdBackend {
@@ -52,12 +66,12 @@ impl EtcdBackend {
         let every = ttl / 3;
         let mut refreshed = entry.sent;
         let mut tries = 0u32;
-        let ahead = entry.ahead.take();
-        let mut wake = match (joined, ahead) {
-            // Joined before the entry was created: the enqueue's read of
-            // the entry ahead is covered.
-            (Some(feed), Some(ahead)) => Wake::Feed(feed, Some((ahead, entry.revision))),
-            (_, ahead) => {
+        let ahead = std::mem::take(&mut entry.ahead);
+        let mut wake = match joined {
+            // Joined before the entry was created: the enqueue's read of the
+            // entries ahead is covered.
+            Some(feed) if !ahead.keys.is_empty() => Wake::Feed(feed, Some((ahead, entry.revision))),
+            _ => {
                 let client = self.client();
                 let timeout = self.inner.request_timeout;
                 match self
@@ -68,7 +82,7 @@ impl EtcdBackend {
                 {
                     // Joined after the entry was created: a check follows.
                     Some(feed) => Wake::Feed(feed, None),
-                    None => Wake::Own(ahead),
+                    None => Wake::Own(ahead.nearest().map(<[u8]>::to_vec)),
                 }
             }
         };
@@ -81,7 +95,7 @@ impl EtcdBackend {
                     Some(Place::Gone) => return Ok(None),
                     Some(Place::Behind(ahead, seen_at)) => match &mut wake {
                         Wake::Feed(_, known) => *known = Some((ahead, seen_at)),
-                        Wake::Own(watching) => *watching = Some(ahead),
+                        Wake::Own(watching) => *watching = ahead.nearest().map(<[u8]>::to_vec),
                     },
                     None => {
                         if let Wake::Feed(_, known) = &mut wake {
@@ -118,12 +132,16 @@ impl EtcdBackend {
                 let (ahead, revision) = match checked {
                     Ok(resp) => {
                         let revision = resp.header().map_or(0, |h| h.revision());
-                        let [ahead, mine] =
-                            <[Option<KeyValue>; 2]>::try_from(gets(&resp)).unwrap_or_default();
-                        if mine.is_none() {
+                        let mut reads = resp.op_responses().into_iter().map(|r| match r {
+                            TxnOpResponse::Get(read) => Some(read),
+                            _ => None,
+                        });
+                        let ahead = reads.next().flatten().map(|r| Ahead::of(&r));
+                        let mine = reads.next().flatten().is_some_and(|r| !r.kvs().is_empty());
+                        if !mine {
                             return Ok(None);
                         }
-                        (ahead, revision)
+                        (ahead.unwrap_or_default(), revision)
                     }
                     Err(e @ Error::Unavailable { .. }) => {
                         // Keep our place while the lease may still live; retry.
@@ -138,54 +156,51 @@ impl EtcdBackend {
                     Err(e) => return Err(e),
                 };
                 tries = 0;
-                let Some(ahead) = ahead else {
+                let Some(nearest) = ahead.nearest() else {
                     return self.grant_head(key, entry, refreshed, ttl).await;
                 };
                 match &mut wake {
                     // The feed was registered before the check: it reports
                     // every deletion after the check's revision.
-                    Wake::Feed(_, known) => *known = Some((ahead.key().to_vec(), revision)),
+                    Wake::Feed(_, known) => *known = Some((ahead, revision)),
                     Wake::Own(watching) => {
-                        if watching.as_deref() != Some(ahead.key()) {
+                        if watching.as_deref() != Some(nearest) {
                             // Not yet watching the entry just ahead (another
                             // one is ahead now): watch it, then check again.
-                            *watching = Some(ahead.key().to_vec());
+                            *watching = Some(nearest.to_vec());
                             continue;
                         }
                     }
                 }
             }
             let renew_at = refreshed + every;
-            let watched = {
-                let deleted = async {
+            let learned = {
+                let own = entry.entry.as_slice();
+                let news = async {
                     match &mut wake {
-                        Wake::Feed(feed, Some((ahead, seen_at))) => loop {
-                            match feed.next().await {
-                                // A deletion under that key up to the revision
-                                // it was seen at is of an earlier entry
-                                // (leases, and so keys, are reused).
-                                Some((key, at)) if key == *ahead && at > *seen_at => {
-                                    break Watched::Deleted(at);
-                                }
-                                Some(_) => {}
-                                None => break Watched::Broken,
-                            }
-                        },
-                        Wake::Feed(_, None) => Watched::Broken,
+                        Wake::Feed(feed, Some((ahead, seen_at))) => {
+                            wait_on_feed(feed, ahead, *seen_at, own, entry.revision).await
+                        }
+                        Wake::Feed(_, None) => Learned::Broken,
                         Wake::Own(_) => match own_watch {
-                            Some(watch) => watch.wait().await,
-                            None => Watched::Broken,
+                            Some(watch) => match watch.wait().await {
+                                Watched::Deleted(at) => Learned::Deleted(at),
+                                Watched::Broken => Learned::Broken,
+                            },
+                            None => Learned::Broken,
                         },
                     }
                 };
                 tokio::select! {
-                    watched = deleted => Some(watched),
-                    () = sleep_until(renew_at) => None,
+                    learned = news => learned,
+                    () = sleep_until(renew_at) => Learned::Renew,
                 }
             };
-            match watched {
+            match learned {
+                Learned::Head => return self.grant_head(key, entry, refreshed, ttl).await,
+                Learned::Gone => return Ok(None),
                 // Gone: check at once, without watching it again first.
-                Some(Watched::Deleted(at)) => {
+                Learned::Deleted(at) => {
                     if let Wake::Own(watching) = &mut wake {
                         *watching = None;
                     }
@@ -193,12 +208,12 @@ impl EtcdBackend {
                 }
                 // The feed broke or fell behind: watches of our own, after a
                 // check.
-                Some(Watched::Broken) if matches!(wake, Wake::Feed(..)) => {
+                Learned::Broken if matches!(wake, Wake::Feed(..)) => {
                     wake = Wake::Own(None);
                 }
                 // Read again after a pause; a broken watch must not spin.
-                Some(Watched::Broken) => sleep(wait.backoff.delay(0)).await,
-                None => {
+                Learned::Broken => sleep(wait.backoff.delay(0)).await,
+                Learned::Renew => {
                     let sent = Instant::now();
                     match self.keep_alive(key, entry.lease_id).await {
                         Ok(()) => refreshed = sent,
@@ -217,8 +232,8 @@ impl EtcdBackend {
         }
     }
 
-    /// Grants the lock to `entry`, found heading its queue by a check
-    /// (`refreshed`: when its last successful lease renewal was sent).
+    /// Grants the lock to `entry`, found heading its queue (`refreshed`: when
+    /// its last successful lease renewal was sent).
     async fn grant_head(
         &self,
         key: &LockKey,
@@ -235,9 +250,11 @@ impl EtcdBackend {
         // keep-alive sent at `refreshed` succeeded, so the server runs the
         // lease's full TTL from no earlier than `refreshed` (the assumption
         // every deadline here rests on; a new leader only extends leases).
-        // Until then only a revoke or a delete removes the entry, and a check
-        // found it with nothing ahead: entries queued later are behind it,
-        // and an entry gone from the queue never comes back. So the lock is
+        // Until then only a revoke or a delete removes the entry, and a read
+        // found nothing ahead of it, or the feed reported the deletion of
+        // every entry a read had found ahead (and not of the entry itself):
+        // entries queued later are behind it, and an entry gone from the
+        // queue never comes back. So the lock is
         // ours until `refreshed` + TTL, and the Locker's deadline
         // (`refreshed` + TTL − drift margin, refused if already past) holds,
         // as for a grant at enqueue. A keep-alive now would only move the
@@ -284,13 +301,50 @@ impl EtcdBackend {
         if revision < at {
             return None;
         }
-        let mut kvs = resp.kvs().iter();
-        match kvs.next() {
-            Some(kv) if kv.key() == entry.entry.as_slice() => match kvs.next() {
-                None => Some(Place::Head),
-                Some(ahead) => Some(Place::Behind(ahead.key().to_vec(), revision)),
-            },
-            _ => Some(Place::Gone),
+        match Ahead::behind_own(&resp, &entry.entry) {
+            Some(ahead) if ahead.keys.is_empty() => Some(Place::Head),
+            Some(ahead) => Some(Place::Behind(ahead, revision)),
+            None => Some(Place::Gone),
+        }
+    }
+}
+
+/// Follows the feed until it tells something: every entry in `ahead` (read
+/// at revision `seen_at`) deleted after that revision makes the waiter the
+/// head when they were all the entries ahead; when they were only the
+/// nearest ones, the last deletion is reported so the waiter reads where it
+/// stands. Our `own` entry (created at `created`) deleted means it is gone.
+///
+/// A deletion under one of these keys at or before `seen_at` is of an
+/// earlier entry under the same key (leases, and so keys, are reused), and
+/// entries only join behind, so nothing else can come ahead.
+async fn wait_on_feed(
+    feed: &mut Subscription,
+    ahead: &mut Ahead,
+    seen_at: i64,
+    own: &[u8],
+    created: i64,
+) -> Learned {
+    loop {
+        let Some((key, at)) = feed.next().await else {
+            return Learned::Broken;
+        };
+        if key == own && at > created {
+            return Learned::Gone;
+        }
+        if at <= seen_at {
+            continue;
+        }
+        let Some(i) = ahead.keys.iter().position(|k| *k == key) else {
+            continue;
+        };
+        ahead.keys.remove(i);
+        if ahead.keys.is_empty() {
+            return if ahead.all {
+                Learned::Head
+            } else {
+                Learned::Deleted(at)
+            };
         }
     }
 }
