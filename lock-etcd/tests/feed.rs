@@ -1,6 +1,7 @@
-//! The waiters of one backend on one lock share one watch (the lock's feed),
-//! and a feed that breaks sends them back to watches of their own (on a
-//! private one-member cluster, whose metrics count the watch streams).
+//! The waiters of one backend on one lock share one watch (the lock's feed)
+//! and, knowing the entries ahead of them, read nothing when woken; a feed
+//! that breaks sends them back to watches of their own (on a private
+//! one-member cluster, whose metrics count the requests).
 
 use std::time::Duration;
 
@@ -22,6 +23,11 @@ async fn start_cluster() -> EtcdCluster {
 
 /// How many watch streams the member has opened since it started.
 async fn watch_streams(cluster: &EtcdCluster) -> u64 {
+    started(cluster, "Watch").await
+}
+
+/// How many calls of the gRPC `method` the member has started since it started.
+async fn started(cluster: &EtcdCluster, method: &str) -> u64 {
     let port = cluster.member(0).client_port();
     let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -33,7 +39,8 @@ async fn watch_streams(cluster: &EtcdCluster) -> u64 {
     conn.read_to_string(&mut body).await.expect("read metrics");
     body.lines()
         .find(|l| {
-            l.starts_with("grpc_server_started_total{") && l.contains("grpc_method=\"Watch\"")
+            l.starts_with("grpc_server_started_total{")
+                && l.contains(&format!("grpc_method=\"{method}\""))
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse::<f64>().ok())
@@ -84,6 +91,7 @@ async fn the_waiters_on_a_lock_share_one_watch() {
             .await;
         }
     }
+    let reads_before = started(&cluster, "Range").await;
     locker
         .release(first)
         .await
@@ -99,6 +107,11 @@ async fn the_waiters_on_a_lock_share_one_watch() {
     assert!(
         tokens.windows(2).all(|t| t[0] < t[1]),
         "granted in queue order: {tokens:?}"
+    );
+    let reads = started(&cluster, "Range").await - reads_before;
+    assert_eq!(
+        reads, 0,
+        "the handoffs read the queue {reads} times: each waiter knew every entry ahead of it"
     );
     let opened = watch_streams(&cluster).await - before;
     assert_eq!(
