@@ -10,7 +10,7 @@
 //! the feed already covers every deletion after its entry was created, and
 //! the enqueue told it the entries ahead; once they are all deleted, it
 //! heads the queue. Each release then reaches this backend as one event,
-//! which wakes only the waiter whose entry was just behind.
+//! which only the waiter whose entry was just behind acts on.
 //!
 //! A feed that breaks (member lost, history compacted) or that a waiter
 //! falls too far behind on sends its waiters back to watches of their own.
@@ -25,8 +25,9 @@ use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
 /// Deletions a waiter may fall behind by before it is sent back to watches
-/// of its own: far more than the waiters of one lock in one process.
-const BACKLOG: usize = 1024;
+/// of its own: far more than the waiters of one lock in one process. (The
+/// channel keeps this many slots per feed.)
+const BACKLOG: usize = 256;
 
 /// What a feed reports.
 #[derive(Debug, Clone)]
@@ -119,13 +120,27 @@ impl Feeds {
         // Subscribed before the first event is forwarded: none is missed.
         let (sender, events) = broadcast::channel(BACKLOG);
         let broken = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(forward(watcher, stream, sender.clone(), broken.clone()));
+        let ends = Ends {
+            events: sender.clone(),
+            broken: broken.clone(),
+        };
+        let task = tokio::spawn(forward(watcher, stream, ends));
         let feed = Arc::new(Feed {
             events: sender,
             broken,
             task: task.abort_handle(),
         });
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        // Another waiter may have set one up meanwhile: one feed per queue.
+        if let Some(other) = live.get(prefix).and_then(Weak::upgrade) {
+            let events = other.events.subscribe();
+            if !other.broken.load(Ordering::Acquire) {
+                return Some(Subscription {
+                    _feed: other,
+                    events,
+                });
+            }
+        }
         live.retain(|_, f| f.strong_count() > 0);
         live.insert(prefix.to_vec(), Arc::downgrade(&feed));
         Some(Subscription {
@@ -136,12 +151,7 @@ impl Feeds {
 }
 
 /// Forwards the watch's deletions to the feed's waiters until it ends.
-async fn forward(
-    _watcher: Watcher,
-    mut stream: WatchStream,
-    events: broadcast::Sender<Fed>,
-    broken: Arc<AtomicBool>,
-) {
+async fn forward(_watcher: Watcher, mut stream: WatchStream, ends: Ends) {
     while let Ok(Some(response)) = stream.message().await {
         if response.canceled() || response.compact_revision() > 0 {
             break;
@@ -149,13 +159,28 @@ async fn forward(
         for event in response.events() {
             if let (EventType::Delete, Some(kv)) = (event.event_type(), event.kv()) {
                 // No receiver: every waiter left while the feed winds down.
-                let _ = events.send(Fed::Deleted {
+                let _ = ends.events.send(Fed::Deleted {
                     key: kv.key().to_vec(),
                     revision: kv.mod_revision(),
                 });
             }
         }
     }
-    broken.store(true, Ordering::Release);
-    let _ = events.send(Fed::Broken);
+}
+
+/// Marks the feed broken and tells its waiters when the forwarding task
+/// ends, however it ends: the watch ended, the task was aborted, panicked,
+/// or its runtime shut down.
+struct Ends {
+    events: broadcast::Sender<Fed>,
+    broken: Arc<AtomicBool>,
+}
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        // Marked before it is sent: a waiter joining later either sees the
+        // mark or receives the message (see `Feeds::join`).
+        self.broken.store(true, Ordering::Release);
+        let _ = self.events.send(Fed::Broken);
+    }
 }

@@ -445,7 +445,12 @@ impl EtcdBackend {
                 "enqueue: an entry for a freshly granted lease already exists",
             ));
         }
-        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        // The entry's create revision: its fencing token, and the revision
+        // the entries ahead were read at.
+        let revision = resp
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| backend_error("enqueue: a reply without a revision"))?;
         let head = gets(&resp).into_iter().next().flatten();
         let ahead = match resp.op_responses().into_iter().nth(2) {
             Some(TxnOpResponse::Get(newest)) => Ahead::behind_own(&newest, &entry),

@@ -12,7 +12,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use crate::feed::Subscription;
 use crate::queue::{Ahead, Queue};
 use crate::wake::{self, Watched};
-use crate::{Entry, EtcdBackend};
+use crate::{Entry, EtcdBackend, backend_error};
 
 /// Where a queued entry stands.
 enum Place {
@@ -71,7 +71,8 @@ impl EtcdBackend {
             // Joined before the entry was created: the enqueue's read of the
             // entries ahead is covered.
             Some(feed) if !ahead.keys.is_empty() => Wake::Feed(feed, Some((ahead, entry.revision))),
-            _ => {
+            other => {
+                drop(other);
                 let client = self.client();
                 let timeout = self.inner.request_timeout;
                 match self
@@ -131,7 +132,11 @@ impl EtcdBackend {
                     .await;
                 let (ahead, revision) = match checked {
                     Ok(resp) => {
-                        let revision = resp.header().map_or(0, |h| h.revision());
+                        // The revision the entries ahead are known at: a
+                        // reply without one must not pass for revision 0.
+                        let Some(revision) = resp.header().map(|h| h.revision()) else {
+                            return Err(backend_error("queue check: a reply without a revision"));
+                        };
                         let mut reads = resp.op_responses().into_iter().map(|r| match r {
                             TxnOpResponse::Get(read) => Some(read),
                             _ => None,
