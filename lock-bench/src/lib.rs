@@ -4,6 +4,7 @@ mod baseline;
 mod counters;
 mod etcd_handoff;
 mod fan_out;
+mod paired;
 mod plot;
 mod progress;
 mod report;
@@ -19,6 +20,7 @@ use lockkit::{Locker, WakeUp};
 use serde::Serialize;
 
 pub use baseline::{Bound, BoundPoint};
+pub use paired::{Metric, Paired};
 pub use report::{Goal, Machine, Report, Subject};
 pub use scenarios::{Contended, Loss, ManyKeys, Uncontended};
 pub use stats::Latency;
@@ -85,6 +87,9 @@ struct Plan {
     loss_samples: usize,
     redis_requests: u64,
     pgbench_secs: u64,
+    /// Paired rounds per comparison of two clients, and each round's length.
+    paired_rounds: usize,
+    paired_phase: Duration,
 }
 
 impl Plan {
@@ -101,6 +106,8 @@ impl Plan {
                 redis_requests: 5_000,
                 pgbench_secs: 1,
                 fan_out_rounds: 1_000,
+                paired_rounds: 3,
+                paired_phase: Duration::from_millis(400),
             },
             Mode::Full => Plan {
                 tasks: &[1, 4, 16, 64, 256],
@@ -113,6 +120,8 @@ impl Plan {
                 redis_requests: 50_000,
                 pgbench_secs: 3,
                 fan_out_rounds: 5_000,
+                paired_rounds: 9,
+                paired_phase: Duration::from_secs(1),
             },
         }
     }
@@ -153,7 +162,8 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     } else {
         0
     };
-    let progress = Progress::new(chosen.len() * per_subject + floors + 2);
+    let progress =
+        Progress::new(chosen.len() * per_subject + floors + paired::planned(&wanted) + 2);
     let started = Instant::now();
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let mut report = Report::new(options.mode, report::machine().await);
@@ -368,6 +378,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         drop(step);
         report.subjects.push(s);
     }
+    report.paired = paired::all(
+        &wanted,
+        plan.paired_rounds,
+        plan.paired_phase,
+        &progress,
+        &format!("lab-{run_id}/paired"),
+    )
+    .await;
     if let Some(b) = redis_bound {
         report.bounds.insert(0, b);
     }

@@ -180,6 +180,8 @@ pub struct Report {
     /// Redlock's latency floor: one round to all its nodes against one round
     /// to the single server, with no client library.
     pub fan_out_floor: Option<crate::fan_out::FanOutFloor>,
+    /// Two clients measured in turns, for the goals that compare them.
+    pub paired: Vec<crate::Paired>,
     /// The goals, checked.
     pub goals: Vec<Goal>,
 }
@@ -237,6 +239,7 @@ impl Report {
             subjects: Vec::new(),
             bounds: Vec::new(),
             fan_out_floor: None,
+            paired: Vec::new(),
             goals: Vec::new(),
         }
     }
@@ -302,6 +305,29 @@ impl Report {
             measured: value.map_or("not measured".into(), |v| format!("{v:.2}x ({what})")),
             met: value.map(|v| v >= min),
         };
+        // A goal comparing two clients checks their paired rounds when
+        // there are some, and shows the sweep's figures beside them.
+        let paired = |goal: Goal, subject: &str, against: &str, at_least: Option<f64>| {
+            let Some(p) = self
+                .paired
+                .iter()
+                .find(|p| p.subject == subject && p.against == against)
+            else {
+                return goal;
+            };
+            let (Some(median), Some((lo, hi))) = (p.median(), p.range()) else {
+                return goal;
+            };
+            Goal {
+                measured: format!(
+                    "{median:.2}x, median of {} paired rounds ({lo:.2}x to {hi:.2}x); one after the other in the sweep: {}",
+                    p.ratios.len(),
+                    goal.measured
+                ),
+                met: Some(at_least.map_or(median <= 1.5, |min| median >= min)),
+                goal: goal.goal,
+            }
+        };
         let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => Some(a / b),
             _ => None,
@@ -316,21 +342,26 @@ impl Report {
                 rate(bound64.unwrap_or(0.0))
             ),
         ));
-        goals.push(check(
-            "Redis: >= 1.3x rslock (1 node) at 64 tasks",
-            div(r64, rs1),
-            1.3,
-            format!(
-                "{} vs {} pairs/s",
-                rate(r64.unwrap_or(0.0)),
-                rate(rs1.unwrap_or(0.0))
+        goals.push(paired(
+            check(
+                "Redis: >= 1.3x rslock (1 node) at 64 tasks",
+                div(r64, rs1),
+                1.3,
+                format!(
+                    "{} vs {} pairs/s",
+                    rate(r64.unwrap_or(0.0)),
+                    rate(rs1.unwrap_or(0.0))
+                ),
             ),
+            "redis",
+            "rslock (1 node)",
+            Some(1.3),
         ));
         let redlock = self.subject("redlock");
         let p50 = |s: Option<&Subject>, t: usize| s.and_then(|s| s.at(t)).map(|u| u.acquire.p50_us);
         let (rl, rd) = (p50(redlock, 1), p50(redis, 1));
         let lat = div(rl, rd);
-        goals.push(Goal {
+        let latency_goal = Goal {
             goal: "Redlock (5 nodes): p50 acquire latency <= 1.5x single Redis (1 task)".into(),
             measured: lat.map_or("not measured".into(), |v| {
                 let floor = self.fan_out_floor.as_ref().map_or(String::new(), |f| {
@@ -348,17 +379,23 @@ impl Report {
                 )
             }),
             met: lat.map(|v| v <= 1.5),
-        });
+        };
+        goals.push(paired(latency_goal, "redlock", "redis", None));
         let rl64 = pairs(redlock, 64);
-        goals.push(check(
-            "Redlock (5 nodes): >= 1.5x rslock (5 nodes) pairs/s at 64 tasks",
-            div(rl64, rs5),
-            1.5,
-            format!(
-                "{} vs {} pairs/s",
-                rate(rl64.unwrap_or(0.0)),
-                rate(rs5.unwrap_or(0.0))
+        goals.push(paired(
+            check(
+                "Redlock (5 nodes): >= 1.5x rslock (5 nodes) pairs/s at 64 tasks",
+                div(rl64, rs5),
+                1.5,
+                format!(
+                    "{} vs {} pairs/s",
+                    rate(rl64.unwrap_or(0.0)),
+                    rate(rs5.unwrap_or(0.0))
+                ),
             ),
+            "redlock",
+            "rslock (5 nodes)",
+            Some(1.5),
         ));
         if let Some(pg) = self.subject("postgres") {
             let worst = pg
@@ -443,6 +480,7 @@ impl Report {
         md.push_str(&self.uncontended_table(None));
         md.push_str(&self.contended_table());
         md.push_str(&self.memory_table());
+        md.push_str(&self.paired_table());
         md.push_str(&self.goals_table());
         md.push_str("## Bounds\n\n| bound | tasks | pairs/s | pipelined pairs/s | acquire/s, release/s |\n|---|---|---|---|---|\n");
         for b in &self.bounds {
@@ -460,6 +498,7 @@ impl Report {
         }
         md.push_str("\n## How each figure is taken\n\n");
         md.push_str("- **pairs/s**: T tasks, each locking and releasing a key of its own (`try_acquire` + `release`) for the phase; acquire latency is the `try_acquire` call alone.\n");
+        md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them.\n");
         md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant.\n");
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
@@ -625,6 +664,38 @@ impl Report {
         md
     }
 
+    fn paired_table(&self) -> String {
+        if self.paired.is_empty() {
+            return String::new();
+        }
+        let mut md = String::from(
+            "## Paired rounds: two clients in turns\n\n| client | against | tasks | compared | rounds | median ratio | lowest | highest | Redis CPU per pair, client / against |\n|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for p in &self.paired {
+            let compared = match p.metric {
+                crate::Metric::PairsPerSecond => "pairs/s",
+                crate::Metric::AcquireP50 => "acquire p50",
+            };
+            let (lo, hi) = p.range().map_or(("—".into(), "—".into()), |(l, h)| {
+                (format!("{l:.2}x"), format!("{h:.2}x"))
+            });
+            let cpu = p
+                .server_us_per_pair
+                .map_or("—".into(), |(a, b)| format!("{a:.1} µs / {b:.1} µs"));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {compared} | {} | {} | {lo} | {hi} | {cpu} |",
+                p.subject,
+                p.against,
+                p.tasks,
+                p.ratios.len(),
+                p.median().map_or("—".into(), |m| format!("{m:.2}x")),
+            );
+        }
+        md.push('\n');
+        md
+    }
+
     fn goals_table(&self) -> String {
         let mut md = String::from("## Goals\n\n| goal | measured | met |\n|---|---|---|\n");
         for g in &self.goals {
@@ -649,6 +720,7 @@ impl Report {
         let mut out = self.uncontended_table(Some(t));
         out.push_str(&self.contended_table());
         out.push_str(&self.memory_table());
+        out.push_str(&self.paired_table());
         out.push_str(&self.goals_table());
         out
     }

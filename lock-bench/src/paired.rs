@@ -1,0 +1,298 @@
+//! Paired rounds: two clients measured in turns, many short rounds each, at
+//! the same concurrency, so that both see the same machine.
+//!
+//! On a shared host (CPU taken by the hypervisor, busy neighbours) one
+//! client's figure and another's taken minutes apart can differ by half for
+//! no reason of their own. Within a pair of rounds a second apart they share
+//! the machine's state, so the ratio of each pair is steadier; the median of
+//! those ratios is what the goals comparing two clients check, and the
+//! spread of them is printed beside it. The order alternates from one round
+//! to the next, so neither client always runs first.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+
+use crate::progress::Progress;
+use crate::scenarios;
+use crate::subject::Client;
+
+/// The comparisons the goals make between two clients: (subject, against,
+/// tasks, metric). Names are the report's; `rslock` stands for the peer
+/// over one node or five.
+const COMPARISONS: &[(&str, &str, usize, Metric)] = &[
+    ("redis", "rslock (1 node)", 64, Metric::PairsPerSecond),
+    ("redlock", "rslock (5 nodes)", 64, Metric::PairsPerSecond),
+    ("redlock", "redis", 1, Metric::AcquireP50),
+];
+
+/// The backend or peer a report name stands for: its lab subject.
+fn lab_subject(name: &str) -> &str {
+    if name.starts_with("rslock") {
+        "rslock"
+    } else {
+        name
+    }
+}
+
+/// How many comparisons run when only the subjects `wanted` says yes to do.
+pub fn planned(wanted: &impl Fn(&str) -> bool) -> usize {
+    COMPARISONS
+        .iter()
+        .filter(|(a, b, ..)| wanted(lab_subject(a)) && wanted(lab_subject(b)))
+        .count()
+}
+
+/// Runs every comparison whose two clients were wanted, with clients of its
+/// own (connected afresh, warmed up).
+pub async fn all(
+    wanted: &impl Fn(&str) -> bool,
+    rounds: usize,
+    phase: Duration,
+    progress: &Arc<Progress>,
+    prefix: &str,
+) -> Vec<Paired> {
+    let mut out = Vec::new();
+    for &(a, b, tasks, metric) in COMPARISONS {
+        if !(wanted(lab_subject(a)) && wanted(lab_subject(b))) {
+            continue;
+        }
+        let _step = progress.step(format!("paired rounds: {a} and {b}, {tasks} tasks"));
+        let clients = match (client(a).await, client(b).await) {
+            (Ok(x), Ok(y)) => (x, y),
+            (x, y) => {
+                let mut failed = Paired::new(a, b, tasks, metric);
+                failed
+                    .errors
+                    .extend([x.err(), y.err()].into_iter().flatten());
+                out.push(failed);
+                continue;
+            }
+        };
+        let prefix = format!("{prefix}/{a}-{b}-{tasks}").replace([' ', '(', ')'], "");
+        // Both clients of a throughput comparison use the same servers.
+        let servers = match (metric, servers_of(a)) {
+            (Metric::PairsPerSecond, Some(url)) => crate::counters::redis_nodes(&url).await.ok(),
+            _ => None,
+        };
+        let sides = ((a, &clients.0), (b, &clients.1));
+        out.push(run(sides, tasks, metric, rounds, phase, servers, &prefix).await);
+    }
+    out
+}
+
+/// The URL of the Redis servers a client of this report name talks to.
+fn servers_of(name: &str) -> Option<String> {
+    match name {
+        "redis" => std::env::var("LOCKKIT_REDIS_URL").ok(),
+        "redlock" => std::env::var("LOCKKIT_REDLOCK_URL").ok(),
+        _ => None,
+    }
+}
+
+/// CPU seconds the Redis servers have used (user + system), summed.
+async fn server_cpu_s(nodes: &[MultiplexedConnection]) -> Option<f64> {
+    let mut total = 0.0;
+    for node in nodes {
+        let text: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut node.clone())
+            .await
+            .ok()?;
+        total += text
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("used_cpu_sys:")
+                    .or_else(|| l.strip_prefix("used_cpu_user:"))
+            })
+            .filter_map(|v| v.trim().parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Some(total)
+}
+
+/// A client for a report name, from the servers' URLs in the environment.
+async fn client(name: &str) -> Result<Client, String> {
+    let var = |v: &str| std::env::var(v).map_err(|_| format!("{v} is not set"));
+    let hosts = |url: String| -> Vec<String> {
+        crate::counters::hosts(&url)
+            .iter()
+            .map(|h| format!("redis://{h}"))
+            .collect()
+    };
+    match name {
+        "rslock (1 node)" => Ok(Client::rslock(&hosts(var("LOCKKIT_REDIS_URL")?))),
+        "rslock (5 nodes)" => Ok(Client::rslock(&hosts(var("LOCKKIT_REDLOCK_URL")?))),
+        "redis" => crate::connect(name, &var("LOCKKIT_REDIS_URL")?)
+            .await
+            .map(|(l, ..)| Client::Lockkit(l)),
+        "redlock" => crate::connect(name, &var("LOCKKIT_REDLOCK_URL")?)
+            .await
+            .map(|(l, ..)| Client::Lockkit(l)),
+        other => Err(format!("no paired client for {other}")),
+    }
+}
+
+/// What a pair of rounds compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Metric {
+    /// Uncontended acquire+release pairs per second (higher is better).
+    PairsPerSecond,
+    /// Median latency of an uncontended acquire (lower is better).
+    AcquireP50,
+}
+
+/// The outcome of paired rounds of a client (the subject) and its comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    /// The client measured, as in the report's tables.
+    pub subject: String,
+    /// What it is compared with.
+    pub against: String,
+    /// Concurrent tasks in every round.
+    pub tasks: usize,
+    /// What is compared.
+    pub metric: Metric,
+    /// Each round's figures: (subject, against).
+    pub rounds: Vec<(f64, f64)>,
+    /// Subject / against, per round, sorted.
+    pub ratios: Vec<f64>,
+    /// Errors seen in the rounds (a round with errors is left out).
+    pub errors: Vec<String>,
+    /// Redis server CPU time per pair, µs, summed over the nodes both
+    /// clients use: the median over the rounds of (subject, against). Only
+    /// where both talk to the same Redis servers.
+    pub server_us_per_pair: Option<(f64, f64)>,
+}
+
+impl Paired {
+    fn new(subject: &str, against: &str, tasks: usize, metric: Metric) -> Paired {
+        Paired {
+            subject: subject.into(),
+            against: against.into(),
+            tasks,
+            metric,
+            rounds: Vec::new(),
+            ratios: Vec::new(),
+            errors: Vec::new(),
+            server_us_per_pair: None,
+        }
+    }
+
+    /// The median of the per-round ratios.
+    pub fn median(&self) -> Option<f64> {
+        let n = self.ratios.len();
+        (n > 0).then(|| {
+            if n % 2 == 1 {
+                self.ratios[n / 2]
+            } else {
+                (self.ratios[n / 2 - 1] + self.ratios[n / 2]) / 2.0
+            }
+        })
+    }
+
+    /// The lowest and highest per-round ratio.
+    pub fn range(&self) -> Option<(f64, f64)> {
+        Some((*self.ratios.first()?, *self.ratios.last()?))
+    }
+}
+
+/// Runs `rounds` pairs of rounds of `phase` each, at `tasks` tasks, of the
+/// two `sides` (name, client): subject, then the one it is compared with.
+/// `servers`: the Redis nodes both use, to count their CPU time per pair.
+pub async fn run(
+    sides: ((&str, &Client), (&str, &Client)),
+    tasks: usize,
+    metric: Metric,
+    rounds: usize,
+    phase: Duration,
+    servers: Option<Vec<MultiplexedConnection>>,
+    prefix: &str,
+) -> Paired {
+    let ((subject, a), (against, b)) = sides;
+    let mut out = Paired::new(subject, against, tasks, metric);
+    let ttl = Duration::from_secs(10);
+    // One round of one client: its figure, and the servers' CPU µs per pair.
+    let once = async |client: &Client, side: &str| {
+        let ops = Arc::new(AtomicU64::new(0));
+        let cpu_before = match &servers {
+            Some(nodes) => server_cpu_s(nodes).await,
+            None => None,
+        };
+        let u = scenarios::uncontended(client, &format!("{prefix}/{side}"), tasks, phase, ttl, ops)
+            .await;
+        let cpu_after = match &servers {
+            Some(nodes) => server_cpu_s(nodes).await,
+            None => None,
+        };
+        let figure = match metric {
+            Metric::PairsPerSecond => u.pairs_per_s,
+            Metric::AcquireP50 => u.acquire.p50_us,
+        };
+        let cpu_per_pair = cpu_before
+            .zip(cpu_after)
+            .filter(|_| u.pairs > 0)
+            .map(|(b, a)| (a - b) * 1e6 / u.pairs as f64);
+        match u.first_error {
+            Some(e) => Err(format!("{side}: {} errors, first: {e}", u.errors)),
+            None if u.pairs == 0 => Err(format!("{side}: no pair completed")),
+            None => Ok((figure, cpu_per_pair)),
+        }
+    };
+    // Warm-up, not counted: connections, script caches.
+    let _ = once(a, "subject").await;
+    let _ = once(b, "against").await;
+    let mut cpu = Vec::new();
+    for round in 0..rounds {
+        let (x, y) = if round % 2 == 0 {
+            let x = once(a, "subject").await;
+            (x, once(b, "against").await)
+        } else {
+            let y = once(b, "against").await;
+            (once(a, "subject").await, y)
+        };
+        match (x, y) {
+            (Ok((x, x_cpu)), Ok((y, y_cpu))) if y > 0.0 => {
+                out.rounds.push((x, y));
+                out.ratios.push(x / y);
+                cpu.extend(x_cpu.zip(y_cpu));
+            }
+            (x, y) => out.errors.extend([x.err(), y.err()].into_iter().flatten()),
+        }
+    }
+    out.ratios.sort_by(f64::total_cmp);
+    if !cpu.is_empty() {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        out.server_us_per_pair = Some((
+            median(cpu.iter().map(|c| c.0).collect()),
+            median(cpu.iter().map(|c| c.1).collect()),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paired(ratios: &[f64]) -> Paired {
+        Paired {
+            ratios: ratios.to_vec(),
+            ..Paired::new("a", "b", 1, Metric::PairsPerSecond)
+        }
+    }
+
+    #[test]
+    fn median_and_range_of_sorted_ratios() {
+        assert_eq!(paired(&[1.0, 2.0, 4.0]).median(), Some(2.0));
+        assert_eq!(paired(&[1.0, 2.0, 4.0, 5.0]).median(), Some(3.0));
+        assert_eq!(paired(&[1.0, 2.0, 4.0]).range(), Some((1.0, 4.0)));
+        assert_eq!(paired(&[]).median(), None);
+    }
+}
