@@ -298,16 +298,18 @@ impl Report {
         let bound64 = self
             .bound_at(Some("redis-benchmark"), 64)
             .and_then(|b| b.pipelined_pairs_per_s);
-        let rs1 = pairs(self.subject("rslock (1 node)"), 64);
-        let rs5 = pairs(self.subject("rslock (5 nodes)"), 64);
         let check = |goal: &str, value: Option<f64>, min: f64, what: String| Goal {
             goal: goal.into(),
             measured: value.map_or("not measured".into(), |v| format!("{v:.2}x ({what})")),
             met: value.map(|v| v >= min),
         };
+        let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
         // A goal comparing two clients checks their paired rounds when
         // there are some, and shows the sweep's figures beside them.
-        let paired = |goal: Goal, subject: &str, against: &str, at_least: Option<f64>| {
+        let paired = |goal: Goal, subject: &str, against: &str, met: &dyn Fn(f64) -> bool| {
             let Some(p) = self
                 .paired
                 .iter()
@@ -324,13 +326,24 @@ impl Report {
                     p.ratios.len(),
                     goal.measured
                 ),
-                met: Some(at_least.map_or(median <= 1.5, |min| median >= min)),
+                met: Some(met(median)),
                 goal: goal.goal,
             }
         };
-        let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
+        // Pairs per second at 64 tasks, at least `min` times the peer's.
+        let versus_peer = |goal: &str, subject: &str, peer: &str, min: f64| {
+            let (a, b) = (
+                pairs(self.subject(subject), 64),
+                pairs(self.subject(peer), 64),
+            );
+            let what = format!(
+                "{} vs {} pairs/s",
+                rate(a.unwrap_or(0.0)),
+                rate(b.unwrap_or(0.0))
+            );
+            paired(check(goal, div(a, b), min, what), subject, peer, &|m| {
+                m >= min
+            })
         };
         goals.push(check(
             "Redis: >= 0.8 of the pipelined redis-benchmark bound at 64 tasks",
@@ -342,20 +355,11 @@ impl Report {
                 rate(bound64.unwrap_or(0.0))
             ),
         ));
-        goals.push(paired(
-            check(
-                "Redis: >= 1.3x rslock (1 node) at 64 tasks",
-                div(r64, rs1),
-                1.3,
-                format!(
-                    "{} vs {} pairs/s",
-                    rate(r64.unwrap_or(0.0)),
-                    rate(rs1.unwrap_or(0.0))
-                ),
-            ),
+        goals.push(versus_peer(
+            "Redis: >= 1.3x rslock (1 node) at 64 tasks",
             "redis",
             "rslock (1 node)",
-            Some(1.3),
+            1.3,
         ));
         let redlock = self.subject("redlock");
         let p50 = |s: Option<&Subject>, t: usize| s.and_then(|s| s.at(t)).map(|u| u.acquire.p50_us);
@@ -380,22 +384,12 @@ impl Report {
             }),
             met: lat.map(|v| v <= 1.5),
         };
-        goals.push(paired(latency_goal, "redlock", "redis", None));
-        let rl64 = pairs(redlock, 64);
-        goals.push(paired(
-            check(
-                "Redlock (5 nodes): >= 1.5x rslock (5 nodes) pairs/s at 64 tasks",
-                div(rl64, rs5),
-                1.5,
-                format!(
-                    "{} vs {} pairs/s",
-                    rate(rl64.unwrap_or(0.0)),
-                    rate(rs5.unwrap_or(0.0))
-                ),
-            ),
+        goals.push(paired(latency_goal, "redlock", "redis", &|m| m <= 1.5));
+        goals.push(versus_peer(
+            "Redlock (5 nodes): >= 1.5x rslock (5 nodes) pairs/s at 64 tasks",
             "redlock",
             "rslock (5 nodes)",
-            Some(1.5),
+            1.5,
         ));
         if let Some(pg) = self.subject("postgres") {
             let worst = pg

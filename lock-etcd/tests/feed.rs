@@ -14,11 +14,15 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_secs(30);
 const WAITERS: usize = 10;
 
-async fn start_cluster() -> EtcdCluster {
-    tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+/// A private one-member cluster, a backend on it, and a `Locker` over that.
+async fn on_private_cluster() -> (EtcdCluster, EtcdBackend, Locker) {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
         .await
         .expect("start task")
-        .expect("start a private etcd cluster")
+        .expect("start a private etcd cluster");
+    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    (cluster, backend, locker)
 }
 
 /// How many watch streams the member has opened since it started.
@@ -59,9 +63,7 @@ async fn until<F: Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_waiters_on_a_lock_share_one_watch() {
-    let cluster = start_cluster().await;
-    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
-    let locker = Locker::new(backend.clone());
+    let (cluster, backend, locker) = on_private_cluster().await;
     let key = "shared-feed";
     let first = locker.try_acquire(key, TTL).await.expect("first holder");
     let before = watch_streams(&cluster).await;
@@ -122,9 +124,7 @@ async fn the_waiters_on_a_lock_share_one_watch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_waiter_whose_feed_broke_is_still_woken_by_the_release() {
-    let cluster = start_cluster().await;
-    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
-    let locker = Locker::new(backend.clone());
+    let (cluster, backend, locker) = on_private_cluster().await;
     let key = "broken-feed";
     let holder = locker.try_acquire(key, TTL).await.expect("holder");
     let before = watch_streams(&cluster).await;
