@@ -70,7 +70,8 @@ install_missing() {
         /usr/bin/pg_isready:postgresql \
         /usr/bin/protoc:protobuf-compiler \
         /usr/include/google/protobuf/descriptor.proto:libprotobuf-dev \
-        /usr/bin/faketime:faketime; do
+        /usr/bin/faketime:faketime \
+        /usr/bin/openssl:openssl; do
         path="${spec%%:*}"
         pkg="${spec##*:}"
         if [[ ! -e "$path" ]] && [[ " ${missing[*]-} " != *" $pkg "* ]]; then

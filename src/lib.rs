@@ -40,7 +40,7 @@ pub fn available_schemes() -> Vec<&'static str> {
 /// | scheme | backend | cargo feature |
 /// |---|---|---|
 /// | `memory://` | in-process ([`MemoryBackend`]); each call makes a new, empty lock space | always |
-/// | `redis://host:6379/0`, `redis+cluster://h1,h2,h3` | one Redis server, or a Redis Cluster (`lock_redis`); `rediss://` is refused (no TLS yet) | `redis` |
+/// | `redis://host:6379/0`, `redis+cluster://h1,h2,h3` | one Redis server, or a Redis Cluster (`lock_redis`); `rediss://` over TLS with the `tls` feature | `redis` |
 /// | `etcd://h1:2379,h2:2379,h3:2379` | etcd leases and transactions, revision fencing, FIFO waiting by watch | `etcd` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | Redlock over N independent Redis masters (`lock_redlock`) | `redlock` |
 /// | `postgres://user@host/db`, `postgresql://` | a row lock held in an open PostgreSQL transaction (`lock_postgres`) | `postgres` |

@@ -9,9 +9,14 @@
 //! | `response_timeout_ms` | how long to wait for each reply | 3000 |
 //! | `timeout_ms` | sets both timeouts | |
 //! | `prefix` | key prefix (see [`KeyLayout`]) | `lockkit:` |
+//! | `ca_file` | with TLS: the PEM file of the CA(s) to trust instead of the system's | system roots |
 //!
 //! User and password are Redis ACL credentials (`AUTH user password`; only
 //! a password: the `default` user). They are never printed.
+//!
+//! TLS (`rediss://`, or `tls=true` for Redlock's nodes) needs this crate's
+//! `tls` cargo feature (rustls); without it such a URL is refused, naming
+//! the feature.
 
 use std::time::Duration;
 
@@ -30,6 +35,7 @@ pub const OPTIONS: &[&str] = &[
     "response_timeout_ms",
     "timeout_ms",
     "prefix",
+    "ca_file",
 ];
 
 /// How long to wait for the server.
@@ -67,6 +73,11 @@ pub struct RedisSettings {
     pub timeouts: Timeouts,
     /// Whether connections use TLS.
     pub tls: bool,
+    /// With TLS: the PEM of the CAs to trust (`ca_file`), instead of the
+    /// system's roots. (Without the `tls` feature TLS URLs are refused, so
+    /// it stays unread.)
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -132,6 +143,28 @@ impl RedisSettings {
                 format!("{url}: timeouts must be at least 1 ms"),
             ));
         }
+        if tls && !cfg!(feature = "tls") {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{url}: TLS needs the `tls` cargo feature (of lockkit, or of lock-redis / lock-redlock)"
+                ),
+            ));
+        }
+        let ca_pem = match url.param("ca_file") {
+            None => None,
+            Some(_) if !tls => {
+                return Err(Error::invalid(
+                    "ca_file",
+                    format!(
+                        "{url}: `ca_file` applies to TLS connections only (rediss://, or tls=true)"
+                    ),
+                ));
+            }
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::invalid("ca_file", format!("{url}: cannot read `{path}`: {e}"))
+            })?),
+        };
         let layout = match url.param("prefix") {
             Some(prefix) => KeyLayout::new(prefix)?,
             None => KeyLayout::default(),
@@ -153,6 +186,7 @@ impl RedisSettings {
             layout,
             timeouts,
             tls,
+            ca_pem,
         })
     }
 
@@ -168,8 +202,22 @@ impl RedisSettings {
 
     /// A client for server number `index`.
     pub fn client(&self, index: usize) -> Result<redis::Client> {
-        redis::Client::open(self.servers[index].clone())
+        self.client_for(self.servers[index].clone())
             .map_err(|e| crate::map_error("redis", &self.endpoints[index], e))
+    }
+
+    /// A client for `info` (one of [`servers`](Self::servers), perhaps
+    /// with other settings), trusting the URL's `ca_file` when it names one.
+    pub fn client_for(&self, info: ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.ca_pem {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            };
+            return redis::Client::build_with_tls(info, certs);
+        }
+        redis::Client::open(info)
     }
 }
 
@@ -242,6 +290,22 @@ mod tests {
         assert_eq!(s.servers[2].redis_settings().password(), Some("pw"));
         assert_eq!(s.timeouts, Timeouts::default());
         assert_eq!(s.layout, KeyLayout::default());
+    }
+
+    #[test]
+    fn tls_needs_the_feature_and_ca_file_needs_tls() {
+        let tls = RedisSettings::parse("rediss://h", true, &[]);
+        if cfg!(feature = "tls") {
+            assert!(tls.unwrap().tls);
+        } else {
+            let err = tls.unwrap_err();
+            assert!(err.to_string().contains("`tls` cargo feature"), "{err}");
+        }
+        let err = RedisSettings::parse("redis://h?ca_file=/etc/hostname", false, &[]).unwrap_err();
+        assert!(
+            err.is_invalid_input() && err.to_string().contains("ca_file"),
+            "{err}"
+        );
     }
 
     #[test]

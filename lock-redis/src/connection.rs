@@ -50,7 +50,7 @@ impl Conn {
                 let client = builder.build()?;
                 Ok(Conn::Cluster(client.get_async_connection().await?))
             } else {
-                let client = redis::Client::open(settings.servers[0].clone())?;
+                let client = settings.client_for(settings.servers[0].clone())?;
                 Ok(Conn::Single(
                     ConnectionManager::new_with_config(client, manager_config(settings)).await?,
                 ))

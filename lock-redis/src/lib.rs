@@ -22,9 +22,9 @@ use crate::wake::Wakeups;
 
 /// The URL schemes this backend serves.
 ///
-/// `redis://` one server; `redis+cluster://h1,h2,...` a Redis Cluster by its
-/// seed nodes. `rediss://` (TLS) is recognised and refused with an
-/// explanation: this build has no TLS support.
+/// `redis://` one server; `rediss://` one server over TLS (with the `tls`
+/// cargo feature; refused, naming it, without); `redis+cluster://h1,h2,...`
+/// a Redis Cluster by its seed nodes.
 pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster"];
 
 /// Settings of a [`RedisBackend`]: what the URL says, adjustable in code.
@@ -53,14 +53,6 @@ impl RedisOptions {
                 ));
             }
         };
-        if tls {
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "{parsed}: rediss:// (TLS) needs a `tls` cargo feature that lock-redis does not offer yet; use redis:// over a TLS tunnel"
-                ),
-            ));
-        }
         let settings = RedisSettings::from_url(&parsed, tls, &[])?;
         if !cluster && settings.servers.len() > 1 {
             return Err(Error::invalid(

@@ -79,7 +79,9 @@ impl Wakeups {
                     .redis_settings()
                     .clone()
                     .set_protocol(ProtocolVersion::RESP3);
-                redis::Client::open(info.clone().set_redis_settings(redis)).ok()
+                settings
+                    .client_for(info.clone().set_redis_settings(redis))
+                    .ok()
             })
             .collect();
         let shared = Shared {

@@ -7,8 +7,10 @@ use lock_core::{Error, Result};
 use lock_redis_wire::{RedisSettings, Timeouts};
 
 /// The query options this backend reads beyond the ones every Redis backend
-/// understands (`connect_timeout_ms`, `response_timeout_ms`, `timeout_ms`, `prefix`).
-pub(crate) const OPTIONS: &[&str] = &["node_timeout_ms"];
+/// understands (`connect_timeout_ms`, `response_timeout_ms`, `timeout_ms`,
+/// `prefix`, `ca_file`): the per-node timeout, and `tls=true` for TLS to
+/// every node (with the `tls` cargo feature).
+pub(crate) const OPTIONS: &[&str] = &["node_timeout_ms", "tls"];
 
 /// How a [`RedlockBackend`](crate::RedlockBackend) talks to its nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +84,17 @@ pub(crate) fn parse(url: &str, options: RedlockOptions) -> Result<(RedisSettings
             ),
         ));
     }
-    let settings = RedisSettings::from_url(&parsed, false, OPTIONS)?;
+    let tls = match parsed.param("tls") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(Error::invalid(
+                "url",
+                format!("{parsed}: `tls` is `true` or `false`, got `{other}`"),
+            ));
+        }
+    };
+    let settings = RedisSettings::from_url(&parsed, tls, OPTIONS)?;
     let options = options.with_url(&parsed, &settings)?;
     Ok((settings, options))
 }

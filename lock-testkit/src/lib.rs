@@ -5,7 +5,9 @@ mod etcd;
 mod postgres;
 mod process;
 mod redis;
+mod tls;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use postgres::Postgres;
 pub use redis::{RedisNodes, RedisOptions, RedisServer};
+pub use tls::TestCa;

@@ -1,0 +1,110 @@
+//! A throwaway certificate authority for TLS tests: a CA and a server
+//! certificate for `127.0.0.1` (and `localhost`), made with the `openssl`
+//! command line tool in a temp dir that goes with the value.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use crate::process::{find_binary, free_port};
+
+/// A CA and the server certificate and key it signed.
+#[derive(Debug)]
+pub struct TestCa {
+    dir: TempDir,
+}
+
+impl TestCa {
+    /// Makes a new CA (EC P-256, valid for a day) and a server certificate
+    /// for `IP:127.0.0.1` and `DNS:localhost`.
+    pub fn generate() -> io::Result<TestCa> {
+        let openssl = find_binary("openssl")?;
+        let dir = tempfile::Builder::new()
+            .prefix("lock-testkit-ca-")
+            .tempdir()?;
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(
+            path("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+        )?;
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let steps: [Vec<&str>; 3] = [
+            [
+                &["req", "-x509"][..],
+                &ec,
+                &["-days", "1", "-subj", "/CN=lockkit test CA"],
+            ]
+            .concat(),
+            [&["req"][..], &ec, &["-subj", "/CN=127.0.0.1"]].concat(),
+            vec!["x509", "-req", "-days", "1", "-CAcreateserial"],
+        ];
+        let files: [Vec<(&str, PathBuf)>; 3] = [
+            vec![("-keyout", path("ca.key")), ("-out", path("ca.crt"))],
+            vec![
+                ("-keyout", path("server.key")),
+                ("-out", path("server.csr")),
+            ],
+            vec![
+                ("-in", path("server.csr")),
+                ("-CA", path("ca.crt")),
+                ("-CAkey", path("ca.key")),
+                ("-extfile", path("server.ext")),
+                ("-out", path("server.crt")),
+            ],
+        ];
+        for (args, files) in steps.iter().zip(files) {
+            let mut cmd = Command::new(&openssl);
+            cmd.args(args).current_dir(dir.path());
+            for (flag, file) in files {
+                cmd.arg(flag).arg(file);
+            }
+            let out = cmd.output()?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "openssl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+        }
+        Ok(TestCa { dir })
+    }
+
+    /// The CA's certificate (PEM): what a client trusts.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// The folder with `ca.crt`, `server.crt` and `server.key`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `redis-server` arguments that serve TLS on a free port with the
+    /// server certificate (no client certificates asked), and that port.
+    pub fn redis_args(&self) -> io::Result<(Vec<String>, u16)> {
+        let port = free_port()?;
+        let file = |name: &str| self.dir.path().join(name).display().to_string();
+        let args = vec![
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            file("server.crt"),
+            "--tls-key-file".into(),
+            file("server.key"),
+            "--tls-ca-cert-file".into(),
+            file("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        Ok((args, port))
+    }
+}
