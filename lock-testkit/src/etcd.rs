@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -31,6 +31,8 @@ pub struct EtcdMember {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// The CA of the member's client certificate when it serves TLS.
+    client_ca: Option<PathBuf>,
     etcdctl: PathBuf,
     process: Process,
 }
@@ -40,6 +42,16 @@ impl EtcdCluster {
     /// until every member reports healthy (a leader is elected and a
     /// quorum read works).
     pub fn start(members: usize) -> io::Result<EtcdCluster> {
+        Self::start_with(members, None)
+    }
+
+    /// As [`start`](Self::start), with the members serving clients over TLS
+    /// with the server certificate of `ca` (peers still talk plain HTTP).
+    pub fn start_tls(members: usize, ca: &crate::TestCa) -> io::Result<EtcdCluster> {
+        Self::start_with(members, Some(ca))
+    }
+
+    fn start_with(members: usize, tls: Option<&crate::TestCa>) -> io::Result<EtcdCluster> {
         if members == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -78,10 +90,11 @@ impl EtcdCluster {
                 .enumerate()
                 .map(|(i, &(client_port, peer_port))| {
                     let name = format!("etcd-{i}");
-                    let client = format!("http://127.0.0.1:{client_port}");
+                    let scheme = if tls.is_some() { "https" } else { "http" };
+                    let client = format!("{scheme}://127.0.0.1:{client_port}");
                     let peer = format!("http://127.0.0.1:{peer_port}");
                     let data_dir = dir.path().join(&name);
-                    let args: Vec<OsString> = vec![
+                    let mut args: Vec<OsString> = vec![
                         "--name".into(),
                         name.clone().into(),
                         "--data-dir".into(),
@@ -108,6 +121,14 @@ impl EtcdCluster {
                         "--log-outputs".into(),
                         "stderr".into(),
                     ];
+                    if let Some(ca) = tls {
+                        args.extend([
+                            "--cert-file".into(),
+                            ca.dir().join("server.crt").into(),
+                            "--key-file".into(),
+                            ca.dir().join("server.key").into(),
+                        ]);
+                    }
                     EtcdMember {
                         process: Process::new(Spec {
                             name: format!("etcd member {name} (client port {client_port})"),
@@ -121,6 +142,7 @@ impl EtcdCluster {
                         name,
                         client_port,
                         peer_port,
+                        client_ca: tls.map(crate::TestCa::ca_file),
                         etcdctl: etcdctl.clone(),
                     }
                 })
@@ -194,7 +216,8 @@ impl EtcdCluster {
     /// Runs `etcdctl` (v3 API) against all endpoints of the cluster and
     /// returns its stdout without the trailing newline.
     pub fn etcdctl(&self, args: &[&str]) -> io::Result<String> {
-        run_client(etcdctl_command(&self.etcdctl, &self.endpoints().join(","), "5s").args(args))
+        let ca = self.members.first().and_then(|m| m.client_ca.as_deref());
+        run_client(etcdctl_command(&self.etcdctl, &self.endpoints().join(","), ca, "5s").args(args))
     }
 
     /// Revokes every lease the cluster knows (deleting the keys attached to
@@ -242,7 +265,12 @@ impl EtcdMember {
 
     /// `http://127.0.0.1:CLIENT_PORT`
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.client_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// The port clients talk to.
@@ -299,7 +327,13 @@ impl EtcdMember {
     /// answers and the cluster has a leader and a quorum.
     pub fn is_healthy(&self) -> bool {
         run_client(
-            etcdctl_command(&self.etcdctl, &self.endpoint(), "2s").args(["endpoint", "health"]),
+            etcdctl_command(
+                &self.etcdctl,
+                &self.endpoint(),
+                self.client_ca.as_deref(),
+                "2s",
+            )
+            .args(["endpoint", "health"]),
         )
         .is_ok()
     }
@@ -318,7 +352,15 @@ impl EtcdMember {
 
     /// Runs `etcdctl` (v3 API) against this member only.
     pub fn etcdctl(&self, args: &[&str]) -> io::Result<String> {
-        run_client(etcdctl_command(&self.etcdctl, &self.endpoint(), "2s").args(args))
+        run_client(
+            etcdctl_command(
+                &self.etcdctl,
+                &self.endpoint(),
+                self.client_ca.as_deref(),
+                "2s",
+            )
+            .args(args),
+        )
     }
 
     fn wait_healthy(&self) -> io::Result<()> {
@@ -326,13 +368,22 @@ impl EtcdMember {
     }
 }
 
-fn etcdctl_command(etcdctl: &PathBuf, endpoints: &str, command_timeout: &str) -> Command {
+/// `etcdctl` against `endpoints`, trusting `ca` when the members serve TLS.
+fn etcdctl_command(
+    etcdctl: &PathBuf,
+    endpoints: &str,
+    ca: Option<&Path>,
+    command_timeout: &str,
+) -> Command {
     let mut cmd = Command::new(etcdctl);
     cmd.env("ETCDCTL_API", "3").args([
         format!("--endpoints={endpoints}"),
         "--dial-timeout=1s".to_string(),
         format!("--command-timeout={command_timeout}"),
     ]);
+    if let Some(ca) = ca {
+        cmd.arg(format!("--cacert={}", ca.display()));
+    }
     cmd
 }
 
