@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -36,6 +37,16 @@ impl Postgres {
     /// Runs initdb, starts the server, waits until `pg_isready` answers and
     /// creates the `lockkit` database.
     pub fn start() -> io::Result<Postgres> {
+        Self::start_with(None)
+    }
+
+    /// As [`start`](Self::start), with the server also accepting TLS
+    /// (`ssl=on`) with the server certificate of `ca`.
+    pub fn start_tls(ca: &crate::TestCa) -> io::Result<Postgres> {
+        Self::start_with(Some(ca))
+    }
+
+    fn start_with(tls: Option<&crate::TestCa>) -> io::Result<Postgres> {
         let initdb = find_binary("initdb")?;
         let postgres = find_binary("postgres")?;
         let bin = Binaries {
@@ -69,6 +80,23 @@ impl Postgres {
             cmd.uid(uid).gid(gid);
         }
         run_client(&mut cmd)?;
+        // The server reads its key only if it owns it and no one else can.
+        let mut tls_settings = Vec::new();
+        if let Some(ca) = tls {
+            for name in ["server.crt", "server.key"] {
+                let to = dir.path().join(name);
+                std::fs::copy(ca.dir().join(name), &to)?;
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
+                if let Some((uid, gid)) = user {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
+                }
+            }
+            tls_settings = vec![
+                "ssl=on".to_string(),
+                format!("ssl_cert_file={}", dir.path().join("server.crt").display()),
+                format!("ssl_key_file={}", dir.path().join("server.key").display()),
+            ];
+        }
 
         let (port, process) = retry_addr_in_use(|| {
             let port = free_port()?;
@@ -85,7 +113,10 @@ impl Postgres {
                 // was written (the kernel still has it); only a machine crash
                 // would, and tests do not crash the machine.
                 "fsync=off",
-            ] {
+            ]
+            .into_iter()
+            .chain(tls_settings.iter().map(String::as_str))
+            {
                 args.extend(["-c".into(), setting.into()]);
             }
             let process = Process::new(Spec {
