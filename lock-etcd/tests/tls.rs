@@ -4,13 +4,9 @@
 //! over plain HTTP.
 #![cfg(feature = "tls")]
 
-use std::time::Duration;
-
-use lock_core::{Error, Locker};
+use lock_core::Locker;
 use lock_etcd::EtcdBackend;
-use lock_testkit::{EtcdCluster, TestCa};
-
-const TTL: Duration = Duration::from_secs(10);
+use lock_testkit::{EtcdCluster, TestCa, lock_round_trip};
 
 async fn tls_cluster() -> (EtcdCluster, TestCa) {
     tokio::task::spawn_blocking(|| {
@@ -27,17 +23,7 @@ async fn locks_work_over_tls_with_the_urls_ca() {
     let (cluster, ca) = tls_cluster().await;
     let url = format!("{}?ca_file={}", cluster.url(), ca.ca_file().display());
     let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect over TLS"));
-    let first = locker.try_acquire("tls/a", TTL).await.expect("acquire");
-    let refused = locker.try_acquire("tls/a", TTL).await.unwrap_err();
-    assert!(matches!(refused, Error::Contended { .. }), "{refused}");
-    let token = first.fencing_token();
-    locker.release(first).await.expect("release");
-    let second = locker
-        .try_acquire("tls/a", TTL)
-        .await
-        .expect("acquire again");
-    assert!(second.fencing_token() > token);
-    locker.release(second).await.expect("release");
+    lock_round_trip(&locker, "tls/a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

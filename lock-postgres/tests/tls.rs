@@ -3,13 +3,9 @@
 //! Trusted through `sslrootcert`; refused under another CA.
 #![cfg(feature = "tls")]
 
-use std::time::Duration;
-
-use lock_core::{Error, Locker};
+use lock_core::Locker;
 use lock_postgres::PostgresBackend;
-use lock_testkit::{Postgres, TestCa};
-
-const TTL: Duration = Duration::from_secs(10);
+use lock_testkit::{Postgres, TestCa, lock_round_trip};
 
 async fn tls_server() -> (Postgres, TestCa) {
     tokio::task::spawn_blocking(|| {
@@ -34,17 +30,7 @@ async fn locks_work_over_verified_tls() {
             .await
             .expect("connect over TLS"),
     );
-    let first = locker.try_acquire("tls/a", TTL).await.expect("acquire");
-    let refused = locker.try_acquire("tls/a", TTL).await.unwrap_err();
-    assert!(matches!(refused, Error::Contended { .. }), "{refused}");
-    let token = first.fencing_token();
-    locker.release(first).await.expect("release");
-    let second = locker
-        .try_acquire("tls/a", TTL)
-        .await
-        .expect("acquire again");
-    assert!(second.fencing_token() > token);
-    locker.release(second).await.expect("release");
+    lock_round_trip(&locker, "tls/a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

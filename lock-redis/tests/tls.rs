@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, Locker};
+use lock_core::Locker;
 use lock_redis::RedisBackend;
-use lock_testkit::{RedisOptions, RedisServer, TestCa};
+use lock_testkit::{RedisOptions, RedisServer, TestCa, lock_round_trip};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -32,17 +32,7 @@ async fn locks_work_over_tls_with_the_urls_ca() {
         ca.ca_file().display()
     );
     let locker = Locker::new(RedisBackend::connect(&url).await.expect("connect over TLS"));
-    let first = locker.try_acquire("tls/a", TTL).await.expect("acquire");
-    let refused = locker.try_acquire("tls/a", TTL).await.unwrap_err();
-    assert!(matches!(refused, Error::Contended { .. }), "{refused}");
-    let token = first.fencing_token();
-    locker.release(first).await.expect("release");
-    let second = locker
-        .try_acquire("tls/a", TTL)
-        .await
-        .expect("acquire again");
-    assert!(second.fencing_token() > token);
-    locker.release(second).await.expect("release");
+    lock_round_trip(&locker, "tls/a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

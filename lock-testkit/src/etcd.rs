@@ -326,16 +326,7 @@ impl EtcdMember {
     /// `etcdctl endpoint health` against this member only: true when it
     /// answers and the cluster has a leader and a quorum.
     pub fn is_healthy(&self) -> bool {
-        run_client(
-            etcdctl_command(
-                &self.etcdctl,
-                &self.endpoint(),
-                self.client_ca.as_deref(),
-                "2s",
-            )
-            .args(["endpoint", "health"]),
-        )
-        .is_ok()
+        self.etcdctl(&["endpoint", "health"]).is_ok()
     }
 
     /// Whether this member says it is the leader.

@@ -10,4 +10,4 @@ mod tls;
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use postgres::Postgres;
 pub use redis::{RedisNodes, RedisOptions, RedisServer};
-pub use tls::TestCa;
+pub use tls::{TestCa, lock_round_trip};

@@ -108,3 +108,24 @@ impl TestCa {
         Ok((args, port))
     }
 }
+
+/// What every TLS test checks once connected: a lock is granted, refused to
+/// a second acquire while held, and granted again after its release with a
+/// higher fencing token. Panics, naming the step, otherwise.
+pub async fn lock_round_trip(locker: &lock_core::Locker, key: &str) {
+    let ttl = std::time::Duration::from_secs(10);
+    let first = locker.try_acquire(key, ttl).await.expect("acquire");
+    let refused = locker
+        .try_acquire(key, ttl)
+        .await
+        .expect_err("a held lock is refused");
+    assert!(
+        matches!(refused, lock_core::Error::Contended { .. }),
+        "{refused}"
+    );
+    let token = first.fencing_token();
+    locker.release(first).await.expect("release");
+    let second = locker.try_acquire(key, ttl).await.expect("acquire again");
+    assert!(second.fencing_token() > token, "the token moves on");
+    locker.release(second).await.expect("release again");
+}
