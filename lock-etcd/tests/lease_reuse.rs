@@ -2,6 +2,8 @@
 //! (renewed, not granted anew), never two locks at once, and a lease that
 //! ended while idle is replaced by a fresh grant.
 
+mod common;
+
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
@@ -23,16 +25,16 @@ async fn a_released_locks_lease_serves_the_next_acquire_and_only_that_one() {
     let ttl = Duration::from_secs(10);
 
     let first = locker.try_acquire(&a, ttl).await.expect("acquire a");
-    let first_lease = backend.holder(&a).await.expect("holder").unwrap().lease_id;
+    let first_lease = holder_lease(&backend, &a).await;
     locker.release(first).await.expect("release a");
 
     let second = locker.try_acquire(&b, ttl).await.expect("acquire b");
-    let second_lease = backend.holder(&b).await.expect("holder").unwrap().lease_id;
+    let second_lease = holder_lease(&backend, &b).await;
     assert_eq!(second_lease, first_lease, "the idle lease is reused");
 
     // While `b` holds it, the lease is not handed to anyone else.
     let third = locker.try_acquire(&c, ttl).await.expect("acquire c");
-    let third_lease = backend.holder(&c).await.expect("holder").unwrap().lease_id;
+    let third_lease = holder_lease(&backend, &c).await;
     assert_ne!(third_lease, second_lease);
 
     // Another TTL gets a lease of its own TTL, not the idle one.
@@ -41,7 +43,7 @@ async fn a_released_locks_lease_serves_the_next_acquire_and_only_that_one() {
         .try_acquire(&a, Duration::from_secs(20))
         .await
         .expect("acquire a, longer");
-    let longer_lease = backend.holder(&a).await.expect("holder").unwrap().lease_id;
+    let longer_lease = holder_lease(&backend, &a).await;
     assert_ne!(longer_lease, first_lease);
     locker.release(longer).await.expect("release");
     locker.release(third).await.expect("release c");
@@ -58,12 +60,7 @@ async fn an_idle_lease_revoked_behind_the_backends_back_is_replaced() {
     let ttl = Duration::from_secs(10);
 
     let lease = locker.try_acquire(&key, ttl).await.expect("acquire");
-    let idle = backend
-        .holder(&key)
-        .await
-        .expect("holder")
-        .unwrap()
-        .lease_id;
+    let idle = holder_lease(&backend, &key).await;
     locker.release(lease).await.expect("release");
     backend
         .revoke_lease(idle)
@@ -102,7 +99,7 @@ async fn a_second_release_does_not_touch_the_reused_lease() {
     let first = locker.try_acquire(&a, ttl).await.expect("acquire a");
     backend.release(&first).await.expect("release a");
     let mut second = locker.try_acquire(&b, ttl).await.expect("acquire b");
-    let shared = backend.holder(&b).await.expect("holder").unwrap().lease_id;
+    let shared = holder_lease(&backend, &b).await;
     assert_eq!(
         backend.holder(&a).await.expect("holder"),
         None,
@@ -142,35 +139,25 @@ async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
     let key = unique_key("lease-reuse-lapse");
 
     let first = locker.try_acquire(&key, ttl).await.expect("acquire");
-    let lease_id = backend
-        .holder(&key)
-        .await
-        .expect("holder")
-        .unwrap()
-        .lease_id;
+    let lease_id = holder_lease(&backend, &key).await;
     locker.release(first).await.expect("release");
     let lapsing = locker.try_acquire(&key, ttl).await.expect("acquire again");
     assert_eq!(
-        backend
-            .holder(&key)
-            .await
-            .expect("holder")
-            .unwrap()
-            .lease_id,
+        holder_lease(&backend, &key).await,
         lease_id,
         "the grant is on the reused lease"
     );
 
     let other = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
-    let next = other
-        .acquire(&key, Duration::from_secs(10), Duration::from_secs(30))
+    common::lapses_no_earlier_than_its_deadline(&other, &key, &lapsing).await;
+}
+
+/// The etcd lease of the entry that holds `key`.
+async fn holder_lease(backend: &EtcdBackend, key: &str) -> i64 {
+    backend
+        .holder(key)
         .await
-        .expect("granted after the lapse");
-    let granted = tokio::time::Instant::now();
-    assert!(
-        granted >= lapsing.deadline(),
-        "granted again {:?} before the lapsed holder's deadline",
-        lapsing.deadline() - granted
-    );
-    other.release(next).await.expect("release");
+        .expect("holder")
+        .expect("someone holds it")
+        .lease_id
 }
