@@ -8,11 +8,12 @@
 //! instead of four.
 //!
 //! A lease is in the pool only while no entry is bound to it: it goes in
-//! after its entry was deleted and comes out for exactly one new entry. It
-//! may expire while idle (nothing renews it); the caller renews it before
-//! use, which fails for an expired one, and then grants a new lease. Leases
-//! with less than half their TTL left (by the holder's deadline, which ends
-//! before the server's expiry) are not handed out: the renewal of a lease
+//! after its entry was deleted and comes out for exactly one new entry,
+//! with the time its last successful renewal (or grant) was sent. It may
+//! expire while idle (nothing renews it); the caller renews it before use,
+//! which fails for an expired one, and then grants a new lease, unless it
+//! was renewed moments ago (see `EtcdBackend::lease_for`). Leases with less
+//! than half their TTL left are not handed out: the renewal of a lease
 //! about to expire can wait for the server's revoke.
 
 use std::sync::Mutex;
@@ -32,22 +33,23 @@ pub(crate) struct LeasePool {
 struct Idle {
     id: i64,
     ttl_secs: i64,
-    /// The server keeps the lease at least until then.
-    alive_until: Instant,
+    /// When its last successful renewal or grant was sent: the server keeps
+    /// the lease for its TTL from no earlier than then.
+    renewed: Instant,
 }
 
 impl Idle {
     /// Whether more than half its TTL is surely left at `now`.
     fn fresh(&self, now: Instant) -> bool {
-        now + Duration::from_secs(self.ttl_secs as u64) / 2 < self.alive_until
+        now < self.renewed + Duration::from_secs(self.ttl_secs as u64) / 2
     }
 }
 
 impl LeasePool {
-    /// Keeps `id`, a lease of `ttl_secs` with no entry bound to it that the
-    /// server keeps at least until `alive_until`, for reuse. `Err(id)` when
-    /// the pool is full: the caller revokes it.
-    pub(crate) fn put(&self, id: i64, ttl_secs: i64, alive_until: Instant) -> Result<(), i64> {
+    /// Keeps `id`, a lease of `ttl_secs` with no entry bound to it, last
+    /// renewed by a request sent at `renewed`, for reuse. `Err(id)` when the
+    /// pool is full: the caller revokes it.
+    pub(crate) fn put(&self, id: i64, ttl_secs: i64, renewed: Instant) -> Result<(), i64> {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.retain(|l| l.fresh(now));
@@ -57,20 +59,21 @@ impl LeasePool {
         idle.push(Idle {
             id,
             ttl_secs,
-            alive_until,
+            renewed,
         });
         Ok(())
     }
 
     /// The most recently kept idle lease of `ttl_secs` with more than half
-    /// its TTL left, if any. The others that are not are dropped on the
-    /// way: the server removes them by itself.
-    pub(crate) fn take(&self, ttl_secs: i64) -> Option<i64> {
+    /// its TTL left, if any, and when it was last renewed. The others that
+    /// are not are dropped on the way: the server removes them by itself.
+    pub(crate) fn take(&self, ttl_secs: i64) -> Option<(i64, Instant)> {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.retain(|l| l.fresh(now));
         let at = idle.iter().rposition(|l| l.ttl_secs == ttl_secs)?;
-        Some(idle.remove(at).id)
+        let lease = idle.remove(at);
+        Some((lease.id, lease.renewed))
     }
 }
 
@@ -78,43 +81,49 @@ impl LeasePool {
 mod tests {
     use super::*;
 
-    fn in_secs(s: u64) -> Instant {
-        Instant::now() + Duration::from_secs(s)
+    /// Renewed `s` seconds ago.
+    fn secs_ago(s: u64) -> Instant {
+        Instant::now() - Duration::from_secs(s)
     }
 
     #[test]
     fn a_lease_comes_back_once_and_only_for_its_ttl() {
         let pool = LeasePool::default();
-        pool.put(1, 10, in_secs(10)).unwrap();
-        pool.put(2, 30, in_secs(30)).unwrap();
-        pool.put(3, 10, in_secs(10)).unwrap();
+        let renewed = Instant::now();
+        pool.put(1, 10, renewed).unwrap();
+        pool.put(2, 30, renewed).unwrap();
+        pool.put(3, 10, renewed).unwrap();
         assert_eq!(pool.take(20), None);
-        assert_eq!(pool.take(10), Some(3), "the most recently kept first");
-        assert_eq!(pool.take(10), Some(1));
+        assert_eq!(
+            pool.take(10),
+            Some((3, renewed)),
+            "the most recently kept first"
+        );
+        assert_eq!(pool.take(10), Some((1, renewed)));
         assert_eq!(pool.take(10), None);
-        assert_eq!(pool.take(30), Some(2));
+        assert_eq!(pool.take(30), Some((2, renewed)));
     }
 
     #[test]
     fn a_full_pool_hands_the_lease_back() {
         let pool = LeasePool::default();
         for id in 0..CAPACITY as i64 {
-            pool.put(id, 10, in_secs(10)).unwrap();
+            pool.put(id, 10, Instant::now()).unwrap();
         }
-        assert_eq!(pool.put(999, 10, in_secs(10)), Err(999));
+        assert_eq!(pool.put(999, 10, Instant::now()), Err(999));
     }
 
     #[test]
     fn a_lease_with_half_its_ttl_or_less_left_is_not_handed_out() {
         let pool = LeasePool::default();
-        pool.put(1, 10, in_secs(4)).unwrap();
+        pool.put(1, 10, secs_ago(6)).unwrap();
         assert_eq!(pool.take(10), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lease_idle_until_half_its_ttl_is_left_is_dropped() {
         let pool = LeasePool::default();
-        pool.put(1, 10, in_secs(10)).unwrap();
+        pool.put(1, 10, Instant::now()).unwrap();
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(pool.take(10), None);
     }

@@ -4,6 +4,7 @@ mod config;
 mod errors;
 mod feed;
 mod lease_pool;
+mod leases;
 mod queue;
 mod waiting;
 mod wake;
@@ -25,6 +26,7 @@ pub use config::{DEFAULT_PORT, EtcdOptions};
 use errors::{Endpoint, is_lease_gone};
 use feed::Feeds;
 use lease_pool::LeasePool;
+use leases::{EtcdLease, NewLease, RevokeOnDrop};
 use queue::{Ahead, Queue};
 use wake::Watched;
 
@@ -75,17 +77,21 @@ pub struct Holder {
 #[derive(Debug)]
 struct Held {
     entry: Vec<u8>,
-    /// (etcd lease id, its TTL in seconds): both change when an extend asks
-    /// for another TTL, since an etcd lease keeps the TTL it was granted with.
-    lease: Mutex<(i64, i64)>,
+    /// The etcd lease keeping the entry. It changes when an extend asks for
+    /// another TTL, since an etcd lease keeps the TTL it was granted with.
+    lease: Mutex<EtcdLease>,
     /// Set while a release runs and once it succeeded: the etcd lease may
     /// then serve another lock, so this grant must never touch it again.
     released: AtomicBool,
 }
 
 impl Held {
-    fn lease(&self) -> (i64, i64) {
+    fn lease(&self) -> EtcdLease {
         *self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_lease(&self, lease: EtcdLease) {
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
     }
 }
 
@@ -117,43 +123,16 @@ impl Entry {
         self.revoke.disarm();
         let held = Held {
             entry: self.entry,
-            lease: Mutex::new((self.lease_id, self.ttl_secs)),
+            lease: Mutex::new(EtcdLease {
+                id: self.lease_id,
+                ttl_secs: self.ttl_secs,
+                renewed: sent,
+            }),
             released: AtomicBool::new(false),
         };
         Grant::new(FencingToken::new(self.revision as u64))
             .sent_at(sent)
             .with_state(Arc::new(held))
-    }
-}
-
-/// Revokes a lease when dropped (a cancelled or failed acquire), so that its
-/// entry leaves the queue at once rather than after the TTL. Without a
-/// runtime, or when the cluster cannot be reached, the TTL still bounds it.
-struct RevokeOnDrop {
-    backend: Option<EtcdBackend>,
-    lease_id: i64,
-}
-
-impl RevokeOnDrop {
-    fn disarm(&mut self) {
-        self.backend = None;
-    }
-
-    async fn now(mut self) {
-        if let Some(backend) = self.backend.take() {
-            backend.revoke_quietly(self.lease_id).await;
-        }
-    }
-}
-
-impl Drop for RevokeOnDrop {
-    fn drop(&mut self) {
-        if let (Some(backend), Ok(runtime)) =
-            (self.backend.take(), tokio::runtime::Handle::try_current())
-        {
-            let lease_id = self.lease_id;
-            runtime.spawn(async move { backend.revoke_quietly(lease_id).await });
-        }
     }
 }
 
@@ -343,85 +322,6 @@ impl EtcdBackend {
         .await
     }
 
-    /// Grants a lease of exactly `ttl`; returns its id and when the grant was sent.
-    async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Instant)> {
-        let secs = ttl.as_secs() as i64;
-        let sent = Instant::now();
-        let resp = self
-            .call("lease grant", |mut c| async move {
-                c.lease_grant(secs, None).await
-            })
-            .await?;
-        if resp.ttl() != secs {
-            // etcd raises a TTL below its minimum (1.5 × election timeout) silently.
-            self.revoke_quietly(resp.id()).await;
-            return Err(Error::invalid(
-                "ttl",
-                format!(
-                    "ttl is {ttl:?}, but the etcd cluster grants leases of at least {}s (1.5 × its election timeout, \
-                     rounded up); use a longer TTL, or set `min_ttl_s={}` in the URL so that shorter ones are refused up front",
-                    resp.ttl(),
-                    resp.ttl()
-                ),
-            ));
-        }
-        Ok((resp.id(), sent))
-    }
-
-    /// A lease of exactly `ttl` for a new entry: an idle one, renewed (one
-    /// leader round, no Raft write), else a new grant. Returns its id and
-    /// when the renewal or grant was sent: the lease's TTL runs from later.
-    async fn lease_for(&self, key: &LockKey, ttl: Duration) -> Result<(i64, Instant)> {
-        if let Some(idle) = self.inner.idle_leases.take(ttl.as_secs() as i64) {
-            let sent = Instant::now();
-            match self.keep_alive(key, idle).await {
-                Ok(()) => return Ok((idle, sent)),
-                // Expired while idle: a new grant below.
-                Err(Error::Lost { .. }) => {}
-                // Unreachable: a grant would only wait for the same timeout
-                // again. The idle lease is left to lapse.
-                Err(e) => return Err(e),
-            }
-        }
-        self.grant_lease(ttl).await
-    }
-
-    /// Ends an etcd lease of our own whose entry is gone and which the
-    /// server keeps at least until `alive_until`: kept for the next acquire
-    /// while the pool has room, else revoked.
-    async fn retire_lease(&self, lease_id: i64, ttl_secs: i64, alive_until: Instant) {
-        if let Err(lease_id) = self.inner.idle_leases.put(lease_id, ttl_secs, alive_until) {
-            self.revoke_quietly(lease_id).await;
-        }
-    }
-
-    async fn revoke_quietly(&self, lease_id: i64) {
-        let revoked = self.call("lease revoke", |mut c| async move {
-            c.lease_revoke(lease_id).await
-        });
-        if let Err(e) = revoked.await {
-            tracing::debug!(backend = "etcd", error = %e, "lease revoke failed; its TTL ends it");
-        }
-    }
-
-    async fn keep_alive(&self, key: &LockKey, lease_id: i64) -> Result<()> {
-        self.call_lease(key, "lease keep-alive", |mut c| async move {
-            c.lease_keep_alive(lease_id).await.map(|_| ())
-        })
-        .await
-    }
-
-    /// The holder's remaining TTL, in whole seconds rounded down (all etcd tells).
-    async fn remaining(&self, lease_id: i64) -> Option<Duration> {
-        let resp = self
-            .call("lease time-to-live", |mut c| async move {
-                c.lease_time_to_live(lease_id, None).await
-            })
-            .await
-            .ok()?;
-        (resp.ttl() > 0).then(|| Duration::from_secs(resp.ttl() as u64))
-    }
-
     /// Grants a lease and puts this contender's entry in the queue. Returns
     /// the entry and the create revision of the queue's head at that moment.
     async fn enqueue(
@@ -430,16 +330,37 @@ impl EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<(Entry, Option<KeyValue>)> {
-        let (lease_id, sent) = self.lease_for(key, ttl).await?;
-        let revoke = RevokeOnDrop {
-            backend: Some(self.clone()),
-            lease_id,
-        };
         let queue = self.queue(key);
-        let entry = queue.entry(lease_id);
-        let resp = self
-            .txn("enqueue", queue.enqueue(&entry, lease_id, &owner.to_hex()))
-            .await?;
+        let mut lease = self.lease_for(key, ttl).await?;
+        let (resp, entry, revoke) = loop {
+            let revoke = RevokeOnDrop {
+                backend: Some(self.clone()),
+                lease_id: lease.id,
+            };
+            let entry = queue.entry(lease.id);
+            let enqueue = queue.enqueue(&entry, lease.id, &owner.to_hex());
+            let put = self.call_lease(key, "enqueue", |mut c| {
+                let enqueue = enqueue.clone();
+                async move { c.txn(enqueue).await }
+            });
+            match put.await {
+                Ok(resp) => break (resp, entry, revoke),
+                // An idle lease used as is was revoked behind our back: a
+                // new lease, once.
+                Err(Error::Lost { .. }) if lease.unchecked => {
+                    let mut gone = revoke;
+                    gone.disarm();
+                    lease = NewLease::checked(self.grant_lease(ttl).await?);
+                }
+                Err(Error::Lost { .. }) => {
+                    return Err(backend_error(
+                        "enqueue: the lease just granted or renewed is gone (revoked by someone else?)",
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let (lease_id, sent) = (lease.id, lease.renewed);
         if !resp.succeeded() {
             return Err(backend_error(
                 "enqueue: an entry for a freshly granted lease already exists",
@@ -476,10 +397,10 @@ impl EtcdBackend {
             if held.released.load(Ordering::Acquire) {
                 return Err(Error::lost(lease.key().as_str(), LostReason::NotHeld));
             }
-            let (lease_id, ttl_secs) = held.lease();
+            let EtcdLease { id, ttl_secs, .. } = held.lease();
             return Ok(Located {
                 entry: held.entry.clone(),
-                lease_id,
+                lease_id: id,
                 ttl_secs,
                 held: Some(held),
             });
@@ -666,6 +587,7 @@ impl LockBackend for EtcdBackend {
         // that, this is enough: the server then keeps the grant at least as
         // long as the holder's new deadline says.
         if secs <= located.ttl_secs {
+            let sent = Instant::now();
             let (alive, mine) = tokio::join!(
                 self.keep_alive(key, located.lease_id),
                 self.call("get entry", |mut c| {
@@ -674,6 +596,12 @@ impl LockBackend for EtcdBackend {
                 })
             );
             alive?;
+            if let Some(held) = located.held {
+                held.set_lease(EtcdLease {
+                    renewed: sent,
+                    ..held.lease()
+                });
+            }
             let mine = mine?;
             let ours = mine.kvs().first().is_some_and(|kv| {
                 kv.create_revision() == revision
@@ -689,7 +617,7 @@ impl LockBackend for EtcdBackend {
         // this future dropped), the entry may already be bound to it, and
         // revoking it would free the lock while the holder still counts on
         // its old deadline; left alone, an unused lease lapses after its TTL.
-        let (new_lease, _) = self.grant_lease(ttl).await?;
+        let (new_lease, granted) = self.grant_lease(ttl).await?;
         let moved = Queue::move_to_lease(
             &located.entry,
             revision,
@@ -706,7 +634,11 @@ impl LockBackend for EtcdBackend {
             return Err(not_held());
         }
         if let Some(held) = located.held {
-            *held.lease.lock().unwrap_or_else(|p| p.into_inner()) = (new_lease, secs);
+            held.set_lease(EtcdLease {
+                id: new_lease,
+                ttl_secs: secs,
+                renewed: granted,
+            });
             self.revoke_quietly(located.lease_id).await;
         }
         Ok(())
@@ -742,12 +674,10 @@ impl LockBackend for EtcdBackend {
         };
         // Only a lease of our own is ended: a rebuilt lease's etcd lease id
         // was read from the entry, which may have changed hands since. Kept
-        // for reuse only when the delete is known to have unbound it; the
-        // server keeps it at least until the holder's deadline.
-        if located.held.is_some() {
+        // for reuse only when the delete is known to have unbound it.
+        if let Some(held) = located.held {
             if deleted.succeeded() {
-                self.retire_lease(located.lease_id, located.ttl_secs, lease.deadline())
-                    .await;
+                self.retire_lease(held.lease()).await;
             } else {
                 self.revoke_quietly(located.lease_id).await;
             }

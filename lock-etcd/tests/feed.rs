@@ -8,7 +8,6 @@ use std::time::Duration;
 use lock_core::Locker;
 use lock_etcd::EtcdBackend;
 use lock_testkit::EtcdCluster;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -26,29 +25,16 @@ async fn on_private_cluster() -> (EtcdCluster, EtcdBackend, Locker) {
 }
 
 /// How many watch streams the member has opened since it started.
-async fn watch_streams(cluster: &EtcdCluster) -> u64 {
-    started(cluster, "Watch").await
+fn watch_streams(cluster: &EtcdCluster) -> u64 {
+    started(cluster, "Watch")
 }
 
 /// How many calls of the gRPC `method` the member has started since it started.
-async fn started(cluster: &EtcdCluster, method: &str) -> u64 {
-    let port = cluster.member(0).client_port();
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the member's metrics");
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .expect("ask for metrics");
-    let mut body = String::new();
-    conn.read_to_string(&mut body).await.expect("read metrics");
-    body.lines()
-        .find(|l| {
-            l.starts_with("grpc_server_started_total{")
-                && l.contains(&format!("grpc_method=\"{method}\""))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse::<f64>().ok())
-        .map_or(0, |n| n as u64)
+fn started(cluster: &EtcdCluster, method: &str) -> u64 {
+    cluster
+        .member(0)
+        .grpc_calls_started(method)
+        .expect("read the member's metrics")
 }
 
 /// Polls until `ready` holds (etcd has no event for a queue's length or a
@@ -66,7 +52,7 @@ async fn the_waiters_on_a_lock_share_one_watch() {
     let (cluster, backend, locker) = on_private_cluster().await;
     let key = "shared-feed";
     let first = locker.try_acquire(key, TTL).await.expect("first holder");
-    let before = watch_streams(&cluster).await;
+    let before = watch_streams(&cluster);
 
     let mut waiters = Vec::new();
     for i in 0..WAITERS {
@@ -88,12 +74,12 @@ async fn the_waiters_on_a_lock_share_one_watch() {
             // The first waiter found no feed and set one up: the others
             // join it.
             until("the first waiter's feed", || async {
-                watch_streams(&cluster).await > before
+                watch_streams(&cluster) > before
             })
             .await;
         }
     }
-    let reads_before = started(&cluster, "Range").await;
+    let reads_before = started(&cluster, "Range");
     locker
         .release(first)
         .await
@@ -110,12 +96,12 @@ async fn the_waiters_on_a_lock_share_one_watch() {
         tokens.windows(2).all(|t| t[0] < t[1]),
         "granted in queue order: {tokens:?}"
     );
-    let reads = started(&cluster, "Range").await - reads_before;
+    let reads = started(&cluster, "Range") - reads_before;
     assert_eq!(
         reads, 0,
         "the handoffs read the queue {reads} times: each waiter knew every entry ahead of it"
     );
-    let opened = watch_streams(&cluster).await - before;
+    let opened = watch_streams(&cluster) - before;
     assert_eq!(
         opened, 1,
         "{WAITERS} waits and their handoffs opened {opened} watch streams, not one shared feed"
@@ -127,7 +113,7 @@ async fn a_waiter_whose_feed_broke_is_still_woken_by_the_release() {
     let (cluster, backend, locker) = on_private_cluster().await;
     let key = "broken-feed";
     let holder = locker.try_acquire(key, TTL).await.expect("holder");
-    let before = watch_streams(&cluster).await;
+    let before = watch_streams(&cluster);
     let waiter = {
         let locker = locker.clone();
         tokio::spawn(async move {
@@ -138,7 +124,7 @@ async fn a_waiter_whose_feed_broke_is_still_woken_by_the_release() {
         })
     };
     until("the waiter's feed", || async {
-        watch_streams(&cluster).await > before
+        watch_streams(&cluster) > before
     })
     .await;
 

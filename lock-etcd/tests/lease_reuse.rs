@@ -1,6 +1,7 @@
 //! A released lock's etcd lease serves the next acquire with the same TTL
-//! (renewed, not granted anew), never two locks at once, and a lease that
-//! ended while idle is replaced by a fresh grant.
+//! (renewed, or used as is when renewed moments ago; never granted anew),
+//! never two locks at once, and a lease that ended while idle is replaced by
+//! a fresh grant.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 use conformance_tests::{server_url, unique_key};
 use lock_core::{Error, LockBackend, Locker};
 use lock_etcd::EtcdBackend;
+use lock_testkit::EtcdCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_locks_lease_serves_the_next_acquire_and_only_that_one() {
@@ -125,8 +127,9 @@ async fn a_second_release_does_not_touch_the_reused_lease() {
 }
 
 /// A grant on a reused lease, never renewed, lapses on the server no
-/// earlier than the deadline it was given: the deadline counts from the
-/// renewal sent before the entry was put, not from the lease's first grant.
+/// earlier than the deadline it was given: taken again at once, the lease
+/// is not renewed, and the deadline counts from the lease's last renewal
+/// (here its grant), not from the new acquire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
     let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
@@ -150,6 +153,62 @@ async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
 
     let other = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
     common::lapses_no_earlier_than_its_deadline(&other, &key, &lapsing).await;
+}
+
+/// Taken again within a tenth of the TTL of its lease's last renewal, a lock
+/// is granted on the idle lease without a renewal, its deadline counting
+/// from that renewal; after a longer pause the lease is renewed first (on a
+/// private one-member cluster, whose metrics count the requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .expect("start task")
+        .expect("start a private etcd cluster");
+    let calls = |method: &str| {
+        cluster
+            .member(0)
+            .grpc_calls_started(method)
+            .expect("read the member's metrics")
+    };
+    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    // Short, so that a tenth of it passes quickly below, and long enough
+    // for the five acquires to fit in that tenth on a loaded machine.
+    let ttl = Duration::from_secs(5);
+    let (grants, renewals) = (calls("LeaseGrant"), calls("LeaseKeepAlive"));
+
+    let first = locker.try_acquire("again", ttl).await.expect("acquire");
+    let first_deadline = first.deadline();
+    locker.release(first).await.expect("release");
+    for _ in 0..4 {
+        let again = locker
+            .try_acquire("again", ttl)
+            .await
+            .expect("acquire again");
+        assert!(
+            again.deadline() <= first_deadline,
+            "the deadline counts from the lease's grant, not from this acquire"
+        );
+        locker.release(again).await.expect("release");
+    }
+    assert_eq!(calls("LeaseGrant") - grants, 1, "one lease serves all five");
+    assert_eq!(
+        calls("LeaseKeepAlive") - renewals,
+        0,
+        "and is never renewed"
+    );
+
+    // What is measured here is time passing: no event to wait for.
+    tokio::time::sleep(ttl / 5).await;
+    let later = locker
+        .try_acquire("again", ttl)
+        .await
+        .expect("acquire later");
+    assert_eq!(calls("LeaseKeepAlive") - renewals, 1, "renewed first");
+    assert!(later.deadline() > first_deadline + ttl / 5);
+    assert_eq!(calls("LeaseGrant") - grants, 1, "on the same lease");
+    locker.release(later).await.expect("release");
 }
 
 /// The etcd lease of the entry that holds `key`.

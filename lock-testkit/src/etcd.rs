@@ -354,6 +354,27 @@ impl EtcdMember {
         )
     }
 
+    /// How many calls of the gRPC `method` (`"Watch"`, `"LeaseKeepAlive"`,
+    /// `"Range"`...) this member has started since it started, from its
+    /// Prometheus metrics: what a test counts to show how many requests
+    /// the client sent. Plain HTTP, so not for a TLS cluster.
+    pub fn grpc_calls_started(&self, method: &str) -> io::Result<u64> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.client_port()))?;
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut body = String::new();
+        conn.read_to_string(&mut body)?;
+        let wanted = format!("grpc_method=\"{method}\"");
+        // No line at all until the first such call.
+        Ok(body
+            .lines()
+            .find(|l| l.starts_with("grpc_server_started_total{") && l.contains(&wanted))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .map_or(0, |n| n as u64))
+    }
+
     fn wait_healthy(&self) -> io::Result<()> {
         self.process.wait_ready("healthy", || self.is_healthy())
     }
