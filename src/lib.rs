@@ -20,6 +20,7 @@ const SCHEMES: &[(&str, &str, bool)] = &[
     ("redis", "redis", cfg!(feature = "redis")),
     ("rediss", "redis", cfg!(feature = "redis")),
     ("redis+cluster", "redis", cfg!(feature = "redis")),
+    ("rediss+cluster", "redis", cfg!(feature = "redis")),
     ("redlock", "redlock", cfg!(feature = "redlock")),
     ("etcd", "etcd", cfg!(feature = "etcd")),
     ("postgres", "postgres", cfg!(feature = "postgres")),
@@ -40,7 +41,7 @@ pub fn available_schemes() -> Vec<&'static str> {
 /// | scheme | backend | cargo feature |
 /// |---|---|---|
 /// | `memory://` | in-process ([`MemoryBackend`]); each call makes a new, empty lock space | always |
-/// | `redis://host:6379/0`, `redis+cluster://h1,h2,h3` | one Redis server, or a Redis Cluster (`lock_redis`); `rediss://` over TLS with the `tls` feature | `redis` |
+/// | `redis://host:6379/0`, `redis+cluster://h1,h2,h3` | one Redis server, or a Redis Cluster (`lock_redis`); `rediss://`, `rediss+cluster://` over TLS with the `tls` feature | `redis` |
 /// | `etcd://h1:2379,h2:2379,h3:2379` | etcd leases and transactions, revision fencing, FIFO waiting by watch | `etcd` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | Redlock over N independent Redis masters (`lock_redlock`) | `redlock` |
 /// | `postgres://user@host/db`, `postgresql://` | a row lock held in an open PostgreSQL transaction (`lock_postgres`) | `postgres` |
@@ -62,7 +63,7 @@ pub async fn connect(url: &str) -> Result<Locker> {
     match scheme.as_str() {
         "memory" => Ok(Locker::new(MemoryBackend::new())),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" => {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
             Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?))
         }
         #[cfg(feature = "etcd")]

@@ -217,6 +217,11 @@ fn ratio(a: f64, b: Option<f64>) -> String {
 }
 
 fn bytes(x: f64) -> String {
+    // A growth measured as a difference can come out below zero when other
+    // memory was freed meanwhile: nothing measurable, not a saving.
+    if x < 0.0 {
+        return "≈ 0 B".into();
+    }
     if x.abs() >= 1024.0 * 1024.0 {
         format!("{:.1} MiB", x / 1024.0 / 1024.0)
     } else if x.abs() >= 1024.0 {
@@ -747,6 +752,7 @@ mod tests {
         assert_eq!(ratio(2.0, Some(4.0)), "0.50x");
         assert_eq!(ratio(2.0, None), "—");
         assert_eq!(bytes(2048.0), "2.0 KiB");
+        assert_eq!(bytes(-29.0), "≈ 0 B");
     }
 
     #[test]

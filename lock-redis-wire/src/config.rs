@@ -210,14 +210,36 @@ impl RedisSettings {
     /// with other settings), trusting the URL's `ca_file` when it names one.
     pub fn client_for(&self, info: ConnectionInfo) -> redis::RedisResult<redis::Client> {
         #[cfg(feature = "tls")]
-        if let Some(pem) = &self.ca_pem {
-            let certs = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            };
+        if let Some(certs) = self.tls_certificates() {
             return redis::Client::build_with_tls(info, certs);
         }
         redis::Client::open(info)
+    }
+
+    /// The CAs of the URL's `ca_file` to trust, as the redis crate takes
+    /// them, if it names one (otherwise TLS trusts the system's roots).
+    #[cfg(feature = "tls")]
+    pub fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
+        self.ca_pem.as_ref().map(|pem| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        })
+    }
+
+    /// The address of another server `host:port` of the same deployment
+    /// (a cluster node learned from the cluster), over TLS when the URL's
+    /// servers are.
+    pub fn addr_of(&self, host: String, port: u16) -> ConnectionAddr {
+        if self.tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        }
     }
 }
 

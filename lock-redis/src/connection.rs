@@ -38,6 +38,10 @@ impl Conn {
                     .connection_timeout(timeouts.connect)
                     .response_timeout(timeouts.response)
                     .retries(2);
+                #[cfg(feature = "tls")]
+                if let Some(certs) = settings.tls_certificates() {
+                    builder = builder.certs(certs);
+                }
                 if let Some(first) = settings.servers.first() {
                     let redis = first.redis_settings();
                     if let Some(user) = redis.username() {

@@ -24,8 +24,8 @@ use crate::wake::Wakeups;
 ///
 /// `redis://` one server; `rediss://` one server over TLS (with the `tls`
 /// cargo feature; refused, naming it, without); `redis+cluster://h1,h2,...`
-/// a Redis Cluster by its seed nodes.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster"];
+/// a Redis Cluster by its seed nodes; `rediss+cluster://` one over TLS.
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster", "rediss+cluster"];
 
 /// Settings of a [`RedisBackend`]: what the URL says, adjustable in code.
 #[derive(Debug, Clone)]
@@ -35,14 +35,15 @@ pub struct RedisOptions {
 }
 
 impl RedisOptions {
-    /// Reads a `redis://`, `rediss://` or `redis+cluster://` URL (see the
-    /// crate docs for its options).
+    /// Reads a `redis://`, `rediss://`, `redis+cluster://` or
+    /// `rediss+cluster://` URL (see the crate docs for its options).
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = ServerUrl::parse(url)?;
         let (tls, cluster) = match parsed.scheme.as_str() {
             "redis" => (false, false),
             "rediss" => (true, false),
             "redis+cluster" => (false, true),
+            "rediss+cluster" => (true, true),
             other => {
                 return Err(Error::invalid(
                     "url",
@@ -172,12 +173,19 @@ impl RedisBackend {
                 .map_err(|e| self.error(e))?;
             let template = &inner.settings.servers[0];
             for (host, port) in view::cluster_masters(&nodes) {
-                let endpoint = format!("redis+cluster://{host}:{port}");
+                let scheme = if inner.settings.tls {
+                    "rediss+cluster"
+                } else {
+                    "redis+cluster"
+                };
+                let endpoint = format!("{scheme}://{host}:{port}");
                 let info = template
                     .clone()
-                    .set_addr(redis::ConnectionAddr::Tcp(host, port));
-                let client =
-                    redis::Client::open(info).map_err(|e| map_error(backend, &endpoint, e))?;
+                    .set_addr(inner.settings.addr_of(host, port));
+                let client = inner
+                    .settings
+                    .client_for(info)
+                    .map_err(|e| map_error(backend, &endpoint, e))?;
                 let mut conn = tokio::time::timeout(
                     inner.settings.timeouts.connect,
                     client.get_multiplexed_async_connection(),
@@ -326,5 +334,26 @@ impl LockBackend for RedisBackend {
                 .wakeups
                 .on_release(keys.channel, keys.lock, self.inner.conn.clone()),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_over_tls_needs_the_tls_feature() {
+        let options = RedisOptions::from_url("rediss+cluster://u:secret@h1:7000,h2:7001");
+        if cfg!(feature = "tls") {
+            let options = options.expect("a TLS cluster URL");
+            assert!(options.cluster && options.settings.tls);
+            assert_eq!(options.settings.servers.len(), 2);
+        } else {
+            let err = options
+                .expect_err("refused without the feature")
+                .to_string();
+            assert!(err.contains("`tls` cargo feature"), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
     }
 }

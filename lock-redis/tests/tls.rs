@@ -1,13 +1,14 @@
-//! TLS (`rediss://`, with the `tls` feature) against a private Redis serving
-//! TLS with a certificate from a throwaway CA: trusted through `ca_file`,
-//! refused without it; a bad `ca_file` is an input error naming it.
+//! TLS (`rediss://` and `rediss+cluster://`, with the `tls` feature) against
+//! a private Redis, and a private Redis Cluster, serving TLS with a
+//! certificate from a throwaway CA: trusted through `ca_file`, refused
+//! without it; a bad `ca_file` is an input error naming it.
 #![cfg(feature = "tls")]
 
 use std::time::Duration;
 
 use lock_core::Locker;
 use lock_redis::RedisBackend;
-use lock_testkit::{RedisOptions, RedisServer, TestCa, lock_round_trip};
+use lock_testkit::{RedisCluster, RedisOptions, RedisServer, TestCa, lock_round_trip};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -70,4 +71,65 @@ async fn a_ca_file_that_cannot_be_read_or_without_tls_is_an_input_error() {
         assert!(err.to_string().contains(expect), "{url}: {err}");
         assert!(err.to_string().contains("ca_file"), "{url}: {err}");
     }
+}
+
+/// A private 3-node Redis Cluster serving TLS, and the CA of its certificates.
+async fn tls_cluster() -> (RedisCluster, TestCa) {
+    tokio::task::spawn_blocking(|| {
+        let ca = TestCa::generate().expect("make a test CA");
+        let cluster = RedisCluster::start_tls(3, &ca).expect("start a TLS Redis Cluster");
+        (cluster, ca)
+    })
+    .await
+    .expect("start task")
+}
+
+/// Over `rediss+cluster://`, every node is reached over TLS with the URL's
+/// CA: the seed, the nodes learned from it (each holds some of the locks),
+/// and the operator view's connections to every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_work_on_a_redis_cluster_over_tls() {
+    let (cluster, ca) = tls_cluster().await;
+    let url = format!("{}/?ca_file={}", cluster.url(), ca.ca_file().display());
+    let backend = RedisBackend::connect(&url)
+        .await
+        .expect("connect to the cluster over TLS");
+    let locker = Locker::new(backend.clone());
+    lock_round_trip(&locker, "tls-cluster/round-trip").await;
+
+    // 30 keys spread over the slots: each node holds some (a node holding
+    // none of them is a chance of 3 × (2/3)^30, under 1 in 50,000).
+    let mut held = Vec::new();
+    for i in 0..30 {
+        let key = format!("tls-cluster/{i}");
+        held.push(locker.try_acquire(&key, TTL).await.expect("acquire"));
+    }
+    for node in cluster.nodes() {
+        let keys: u64 = node
+            .cli(&["DBSIZE"])
+            .expect("DBSIZE")
+            .parse()
+            .expect("a number");
+        assert!(keys > 0, "every node holds some of the locks");
+    }
+    let report = backend.report("tls-cluster/").await.expect("operator view");
+    assert_eq!(report.held.len(), 30, "every master listed, over TLS");
+    for lease in held {
+        locker.release(lease).await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_certificates_come_from_an_unknown_ca_is_refused() {
+    let (cluster, _ca) = tls_cluster().await;
+    let url = format!("{}/?timeout_ms=2000", cluster.url());
+    let outcome = match RedisBackend::connect(&url).await {
+        Ok(backend) => Locker::new(backend)
+            .try_acquire("tls-cluster/refused", TTL)
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let err = outcome.expect_err("an untrusted certificate must not connect");
+    assert!(err.is_unavailable(), "{err}");
 }

@@ -5,9 +5,11 @@ mod etcd;
 mod postgres;
 mod process;
 mod redis;
+mod redis_cluster;
 mod tls;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use postgres::Postgres;
 pub use redis::{RedisNodes, RedisOptions, RedisServer};
+pub use redis_cluster::RedisCluster;
 pub use tls::{TestCa, lock_round_trip};
