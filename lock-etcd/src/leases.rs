@@ -23,17 +23,18 @@ pub(crate) struct NewLease {
     pub(crate) id: i64,
     /// When its last successful grant or renewal was sent.
     pub(crate) renewed: Instant,
-    /// An idle lease used without a renewal: not known to be alive.
-    pub(crate) unchecked: bool,
+    /// An idle lease from the pool: it may have been revoked since it was
+    /// kept (or renewed), so the enqueue may find it gone.
+    pub(crate) from_pool: bool,
 }
 
 impl NewLease {
-    /// A lease granted or renewed by a request sent at the given time.
-    pub(crate) fn checked((id, renewed): (i64, Instant)) -> NewLease {
+    /// A lease just granted by a request sent at the given time.
+    pub(crate) fn granted((id, renewed): (i64, Instant)) -> NewLease {
         NewLease {
             id,
             renewed,
-            unchecked: false,
+            from_pool: false,
         }
     }
 }
@@ -102,8 +103,9 @@ impl EtcdBackend {
     /// unless its last renewal was sent less than a tenth of the TTL ago (a
     /// lock released and taken again at once, say): its TTL then surely runs
     /// until that renewal's time plus the TTL (a new leader only extends
-    /// leases), unless it was revoked, which only someone else can do to an
-    /// idle lease: the enqueue then finds it gone and takes a new one. The
+    /// leases), unless it was revoked (by an operator, say, or by a
+    /// `revoke_lease` or `force_release` acting on a holder read before the
+    /// release): the enqueue then finds it gone and takes a new lease. The
     /// grant's deadline counts from that renewal. A renewal now would move
     /// the deadline by less than a tenth of the TTL, the same trade
     /// `grant_head` makes, for one round trip and one stream opened on the
@@ -114,12 +116,18 @@ impl EtcdBackend {
                 return Ok(NewLease {
                     id: idle,
                     renewed,
-                    unchecked: true,
+                    from_pool: true,
                 });
             }
             let sent = Instant::now();
             match self.keep_alive(key, idle).await {
-                Ok(()) => return Ok(NewLease::checked((idle, sent))),
+                Ok(()) => {
+                    return Ok(NewLease {
+                        id: idle,
+                        renewed: sent,
+                        from_pool: true,
+                    });
+                }
                 // Expired while idle: a new grant below.
                 Err(Error::Lost { .. }) => {}
                 // Unreachable: a grant would only wait for the same timeout
@@ -127,7 +135,7 @@ impl EtcdBackend {
                 Err(e) => return Err(e),
             }
         }
-        self.grant_lease(ttl).await.map(NewLease::checked)
+        self.grant_lease(ttl).await.map(NewLease::granted)
     }
 
     /// Ends an etcd lease of our own whose entry is gone: kept for the next

@@ -47,7 +47,7 @@ struct Inner {
     prefix: String,
     request_timeout: Duration,
     capabilities: Capabilities,
-    /// Released locks' leases, renewed for the next acquire.
+    /// Released locks' leases, kept for the next acquire.
     idle_leases: LeasePool,
     /// The shared watches of the queues this backend's waiters wait in.
     feeds: Feeds,
@@ -93,6 +93,15 @@ impl Held {
     fn set_lease(&self, lease: EtcdLease) {
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
     }
+
+    /// Records a successful renewal of lease `id`, sent at `sent`, unless
+    /// the grant has moved to another lease since.
+    fn renewed(&self, id: i64, sent: Instant) {
+        let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        if lease.id == id {
+            lease.renewed = sent;
+        }
+    }
 }
 
 /// Where a lease's entry is and which etcd lease keeps it.
@@ -111,7 +120,8 @@ struct Entry {
     lease_id: i64,
     ttl_secs: i64,
     revision: i64,
-    /// When the lease grant was sent: the lease's TTL runs from later.
+    /// When the lease's last grant or renewal was sent: its TTL runs from
+    /// later.
     sent: Instant,
     /// The entries ahead of this one when it was created.
     ahead: Ahead,
@@ -345,12 +355,12 @@ impl EtcdBackend {
             });
             match put.await {
                 Ok(resp) => break (resp, entry, revoke),
-                // An idle lease used as is was revoked behind our back: a
+                // An idle lease was revoked since it was kept or renewed: a
                 // new lease, once.
-                Err(Error::Lost { .. }) if lease.unchecked => {
+                Err(Error::Lost { .. }) if lease.from_pool => {
                     let mut gone = revoke;
                     gone.disarm();
-                    lease = NewLease::checked(self.grant_lease(ttl).await?);
+                    lease = NewLease::granted(self.grant_lease(ttl).await?);
                 }
                 Err(Error::Lost { .. }) => {
                     return Err(backend_error(
@@ -597,10 +607,7 @@ impl LockBackend for EtcdBackend {
             );
             alive?;
             if let Some(held) = located.held {
-                held.set_lease(EtcdLease {
-                    renewed: sent,
-                    ..held.lease()
-                });
+                held.renewed(located.lease_id, sent);
             }
             let mine = mine?;
             let ours = mine.kvs().first().is_some_and(|kv| {
@@ -639,7 +646,12 @@ impl LockBackend for EtcdBackend {
                 ttl_secs: secs,
                 renewed: granted,
             });
-            self.revoke_quietly(located.lease_id).await;
+            // A release that ran meanwhile (both called on the backend
+            // directly) may have put the old lease in the idle pool, where
+            // a revoke would take it from its next lock: left to lapse.
+            if !held.released.load(Ordering::Acquire) {
+                self.revoke_quietly(located.lease_id).await;
+            }
         }
         Ok(())
     }
