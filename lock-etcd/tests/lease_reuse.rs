@@ -162,10 +162,8 @@ async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
 /// private one-member cluster, whose metrics count the requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
-    let cluster = private_cluster().await;
+    let (cluster, _backend, locker) = on_private_cluster().await;
     let calls = |method: &str| calls_started(&cluster, method);
-    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
-    let locker = Locker::new(backend.clone());
     // A tenth of it (2 s) is ample for the five acquires (ten writes) even
     // on a loaded machine, and short enough to wait out below.
     let ttl = Duration::from_secs(20);
@@ -210,10 +208,8 @@ async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
 /// the acquire succeeds, with one more grant and no renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_lease_revoked_moments_after_its_release_is_replaced() {
-    let cluster = private_cluster().await;
+    let (cluster, backend, locker) = on_private_cluster().await;
     let calls = |method: &str| calls_started(&cluster, method);
-    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
-    let locker = Locker::new(backend.clone());
     let ttl = Duration::from_secs(20);
     let (grants, renewals) = (calls("LeaseGrant"), calls("LeaseKeepAlive"));
 
@@ -234,12 +230,16 @@ async fn an_idle_lease_revoked_moments_after_its_release_is_replaced() {
     locker.release(again).await.expect("release");
 }
 
-/// A private one-member cluster, whose metrics count the requests.
-async fn private_cluster() -> EtcdCluster {
-    tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+/// A private one-member cluster, whose metrics count the requests, a
+/// backend on it, and a `Locker` over that.
+async fn on_private_cluster() -> (EtcdCluster, EtcdBackend, Locker) {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
         .await
         .expect("start task")
-        .expect("start a private etcd cluster")
+        .expect("start a private etcd cluster");
+    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    (cluster, backend, locker)
 }
 
 /// How many calls of the gRPC `method` the member has started.

@@ -41,15 +41,7 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused() {
     let (_server, _ca, port) = tls_server();
     // The system's roots do not include the test CA.
     let url = format!("rediss://127.0.0.1:{port}/?timeout_ms=2000");
-    let outcome = match RedisBackend::connect(&url).await {
-        Ok(backend) => Locker::new(backend)
-            .try_acquire("tls/b", TTL)
-            .await
-            .map(|_| ()),
-        Err(e) => Err(e),
-    };
-    let err = outcome.expect_err("an untrusted certificate must not connect");
-    assert!(err.is_unavailable(), "{err}");
+    let err = untrusted(&url).await;
     assert!(
         err.to_string()
             .contains(&format!("rediss://127.0.0.1:{port}")),
@@ -122,14 +114,20 @@ async fn locks_work_on_a_redis_cluster_over_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_whose_certificates_come_from_an_unknown_ca_is_refused() {
     let (cluster, _ca) = tls_cluster().await;
-    let url = format!("{}/?timeout_ms=2000", cluster.url());
-    let outcome = match RedisBackend::connect(&url).await {
+    untrusted(&format!("{}/?timeout_ms=2000", cluster.url())).await;
+}
+
+/// The error of a first lock through `url`, whose server certificate must
+/// not be trusted (at the connect, or at the first request): unavailable.
+async fn untrusted(url: &str) -> lock_core::Error {
+    let outcome = match RedisBackend::connect(url).await {
         Ok(backend) => Locker::new(backend)
-            .try_acquire("tls-cluster/refused", TTL)
+            .try_acquire("tls/untrusted", TTL)
             .await
             .map(|_| ()),
         Err(e) => Err(e),
     };
     let err = outcome.expect_err("an untrusted certificate must not connect");
     assert!(err.is_unavailable(), "{err}");
+    err
 }
