@@ -3,38 +3,20 @@
 //! that breaks sends them back to watches of their own (on a private
 //! one-member cluster, whose metrics count the requests).
 
+mod common;
+
 use std::time::Duration;
 
-use lock_core::Locker;
-use lock_etcd::EtcdBackend;
+use common::on_private_cluster;
 use lock_testkit::EtcdCluster;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
 const WAITERS: usize = 10;
 
-/// A private one-member cluster, a backend on it, and a `Locker` over that.
-async fn on_private_cluster() -> (EtcdCluster, EtcdBackend, Locker) {
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .expect("start task")
-        .expect("start a private etcd cluster");
-    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
-    let locker = Locker::new(backend.clone());
-    (cluster, backend, locker)
-}
-
 /// How many watch streams the member has opened since it started.
 fn watch_streams(cluster: &EtcdCluster) -> u64 {
-    started(cluster, "Watch")
-}
-
-/// How many calls of the gRPC `method` the member has started since it started.
-fn started(cluster: &EtcdCluster, method: &str) -> u64 {
-    cluster
-        .member(0)
-        .grpc_calls_started(method)
-        .expect("read the member's metrics")
+    common::calls_started(cluster, "Watch")
 }
 
 /// Polls until `ready` holds (etcd has no event for a queue's length or a
@@ -79,7 +61,7 @@ async fn the_waiters_on_a_lock_share_one_watch() {
             .await;
         }
     }
-    let reads_before = started(&cluster, "Range");
+    let reads_before = common::calls_started(&cluster, "Range");
     locker
         .release(first)
         .await
@@ -96,7 +78,7 @@ async fn the_waiters_on_a_lock_share_one_watch() {
         tokens.windows(2).all(|t| t[0] < t[1]),
         "granted in queue order: {tokens:?}"
     );
-    let reads = started(&cluster, "Range") - reads_before;
+    let reads = common::calls_started(&cluster, "Range") - reads_before;
     assert_eq!(
         reads, 0,
         "the handoffs read the queue {reads} times: each waiter knew every entry ahead of it"

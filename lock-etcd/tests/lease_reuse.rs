@@ -10,7 +10,6 @@ use std::time::Duration;
 use conformance_tests::{server_url, unique_key};
 use lock_core::{Error, LockBackend, Locker};
 use lock_etcd::EtcdBackend;
-use lock_testkit::EtcdCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_locks_lease_serves_the_next_acquire_and_only_that_one() {
@@ -162,8 +161,8 @@ async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
 /// private one-member cluster, whose metrics count the requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
-    let (cluster, _backend, locker) = on_private_cluster().await;
-    let calls = |method: &str| calls_started(&cluster, method);
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    let calls = |method: &str| common::calls_started(&cluster, method);
     // A tenth of it (2 s) is ample for the five acquires (ten writes) even
     // on a loaded machine, and short enough to wait out below.
     let ttl = Duration::from_secs(20);
@@ -208,8 +207,8 @@ async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
 /// the acquire succeeds, with one more grant and no renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_lease_revoked_moments_after_its_release_is_replaced() {
-    let (cluster, backend, locker) = on_private_cluster().await;
-    let calls = |method: &str| calls_started(&cluster, method);
+    let (cluster, backend, locker) = common::on_private_cluster().await;
+    let calls = |method: &str| common::calls_started(&cluster, method);
     let ttl = Duration::from_secs(20);
     let (grants, renewals) = (calls("LeaseGrant"), calls("LeaseKeepAlive"));
 
@@ -228,26 +227,6 @@ async fn an_idle_lease_revoked_moments_after_its_release_is_replaced() {
     assert_eq!(calls("LeaseGrant") - grants, 2);
     assert_eq!(calls("LeaseKeepAlive") - renewals, 0);
     locker.release(again).await.expect("release");
-}
-
-/// A private one-member cluster, whose metrics count the requests, a
-/// backend on it, and a `Locker` over that.
-async fn on_private_cluster() -> (EtcdCluster, EtcdBackend, Locker) {
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
-        .await
-        .expect("start task")
-        .expect("start a private etcd cluster");
-    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
-    let locker = Locker::new(backend.clone());
-    (cluster, backend, locker)
-}
-
-/// How many calls of the gRPC `method` the member has started.
-fn calls_started(cluster: &EtcdCluster, method: &str) -> u64 {
-    cluster
-        .member(0)
-        .grpc_calls_started(method)
-        .expect("read the member's metrics")
 }
 
 /// The etcd lease of the entry that holds `key`.

@@ -1,9 +1,34 @@
-//! What more than one etcd test file checks.
+//! What more than one etcd test file checks or sets up.
+
+// Each test file is its own crate and uses only some of these.
+#![allow(dead_code)]
 
 use std::time::Duration;
 
 use lock_core::{Lease, Locker};
+use lock_etcd::EtcdBackend;
+use lock_testkit::EtcdCluster;
 use tokio::time::Instant;
+
+/// A private one-member cluster, whose metrics count the requests, a
+/// backend on it, and a `Locker` over that.
+pub async fn on_private_cluster() -> (EtcdCluster, EtcdBackend, Locker) {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .expect("start task")
+        .expect("start a private etcd cluster");
+    let backend = EtcdBackend::connect(&cluster.url()).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    (cluster, backend, locker)
+}
+
+/// How many calls of the gRPC `method` the member has started since it started.
+pub fn calls_started(cluster: &EtcdCluster, method: &str) -> u64 {
+    cluster
+        .member(0)
+        .grpc_calls_started(method)
+        .expect("read the member's metrics")
+}
 
 /// The lock `lapsing` holds, never renewed, lapses on the server no earlier
 /// than its deadline: `next` (another contender) waits for it, and is
