@@ -8,6 +8,18 @@ use lock_core::{Error, Result, Secret};
 /// The port etcd serves clients on when the URL names none.
 pub const DEFAULT_PORT: u16 = 2379;
 
+/// The URL's query options. Any other is refused, so that a misspelt one
+/// (or `tls=true`: TLS is what `ca_file` turns on) is not silently ignored.
+pub const OPTIONS: &[&str] = &[
+    "ca_file",
+    "cert_file",
+    "connect_timeout_ms",
+    "key_file",
+    "min_ttl_s",
+    "prefix",
+    "request_timeout_ms",
+];
+
 /// How an [`EtcdBackend`](crate::EtcdBackend) talks to the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -37,6 +49,10 @@ pub struct EtcdOptions {
     /// TLS to the members (cargo feature `tls`; no system roots are compiled
     /// in). URL: `ca_file=/path/ca.pem`.
     pub ca_file: Option<String>,
+    /// PEM files of the client certificate and its key, for members that
+    /// ask clients for one (`--client-cert-auth`). URL: `cert_file=` and
+    /// `key_file=`, both, with `ca_file`.
+    pub client_cert: Option<(String, String)>,
 }
 
 impl Default for EtcdOptions {
@@ -49,6 +65,7 @@ impl Default for EtcdOptions {
             user: None,
             password: None,
             ca_file: None,
+            client_cert: None,
         }
     }
 }
@@ -84,6 +101,17 @@ impl EtcdOptions {
         self
     }
 
+    /// Presents the client certificate in `cert_file` (PEM), with its key
+    /// in `key_file`, to members that ask for one. Needs TLS (`ca_file`).
+    pub fn client_certificate(
+        mut self,
+        cert_file: impl Into<String>,
+        key_file: impl Into<String>,
+    ) -> Self {
+        self.client_cert = Some((cert_file.into(), key_file.into()));
+        self
+    }
+
     /// Sets the credentials for etcd authentication.
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
@@ -91,8 +119,22 @@ impl EtcdOptions {
         self
     }
 
-    /// These options with any the URL sets instead.
+    /// These options with any the URL sets instead. An option not in
+    /// [`OPTIONS`] is refused, naming it.
     pub fn from_url(mut self, url: &ServerUrl) -> Result<Self> {
+        if let Some((name, _)) = url
+            .query
+            .iter()
+            .find(|(k, _)| !OPTIONS.contains(&k.as_str()))
+        {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{url}: unknown option `{name}`; known: {} (TLS: `ca_file`)",
+                    OPTIONS.join(", ")
+                ),
+            ));
+        }
         if let Some(t) = url.millis_param("connect_timeout_ms")? {
             self.connect_timeout = t;
         }
@@ -115,6 +157,22 @@ impl EtcdOptions {
         }
         if let Some(ca) = url.param("ca_file") {
             self.ca_file = Some(ca.to_owned());
+        }
+        match (url.param("cert_file"), url.param("key_file")) {
+            (Some(cert), Some(key)) => self.client_cert = Some((cert.to_owned(), key.to_owned())),
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(Error::invalid(
+                    "key_file",
+                    format!("{url}: `cert_file` needs the key beside it, in `key_file`"),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "cert_file",
+                    format!("{url}: `key_file` needs its certificate, in `cert_file`"),
+                ));
+            }
         }
         if let Some(first) = url.servers.first() {
             if first.username.is_some() {
@@ -156,6 +214,12 @@ impl EtcdOptions {
             return Err(Error::invalid(
                 "url",
                 "a password was given without a user name; etcd needs both",
+            ));
+        }
+        if self.client_cert.is_some() && self.ca_file.is_none() {
+            return Err(Error::invalid(
+                "cert_file",
+                "a client certificate is for TLS, which `ca_file` turns on",
             ));
         }
         if self.ca_file.is_some() && !cfg!(feature = "tls") {
@@ -240,5 +304,38 @@ mod tests {
         let url = parse("etcd://h?ca_file=/etc/etcd/ca.pem").unwrap();
         let checked = EtcdOptions::default().from_url(&url).unwrap().check();
         assert_eq!(checked.is_ok(), cfg!(feature = "tls"));
+    }
+
+    #[test]
+    fn an_unknown_option_is_refused_naming_it() {
+        for query in ["tls=true", "request_timout_ms=100"] {
+            let url = parse(&format!("etcd://u:secret@h?{query}")).unwrap();
+            let err = EtcdOptions::default()
+                .from_url(&url)
+                .unwrap_err()
+                .to_string();
+            let name = query.split('=').next().unwrap();
+            assert!(err.contains(&format!("`{name}`")), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_client_certificate_comes_with_its_key_and_tls() {
+        let options = |query: &str| {
+            let url = parse(&format!("etcd://h?{query}")).unwrap();
+            EtcdOptions::default()
+                .from_url(&url)
+                .and_then(|o| o.check())
+        };
+        let named = |query: &str| match options(query) {
+            Err(lock_core::Error::InvalidInput { field, .. }) => field,
+            other => panic!("{query}: expected an input error, got {other:?}"),
+        };
+        assert_eq!(named("ca_file=/ca.pem&cert_file=/c.pem"), "key_file");
+        assert_eq!(named("ca_file=/ca.pem&key_file=/k.pem"), "cert_file");
+        assert_eq!(named("cert_file=/c.pem&key_file=/k.pem"), "cert_file");
+        let both = options("ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem");
+        assert_eq!(both.is_ok(), cfg!(feature = "tls"));
     }
 }

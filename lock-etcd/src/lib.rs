@@ -22,7 +22,7 @@ use lock_core::{
 };
 use tokio::time::{Instant, sleep, timeout_at};
 
-pub use config::{DEFAULT_PORT, EtcdOptions};
+pub use config::{DEFAULT_PORT, EtcdOptions, OPTIONS};
 use errors::{Endpoint, is_lease_gone};
 use feed::Feeds;
 use lease_pool::LeasePool;
@@ -453,8 +453,19 @@ fn with_tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOpt
     };
     let pem = std::fs::read(path)
         .map_err(|e| Error::invalid("ca_file", format!("cannot read `{path}`: {e}")))?;
-    let tls =
+    let mut tls =
         etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem));
+    if let Some((cert_file, key_file)) = &options.client_cert {
+        let read = |option: &'static str, path: &str| {
+            std::fs::read(path)
+                .map_err(|e| Error::invalid(option, format!("cannot read `{path}`: {e}")))
+        };
+        let identity = etcd_client::Identity::from_pem(
+            read("cert_file", cert_file)?,
+            read("key_file", key_file)?,
+        );
+        tls = tls.identity(identity);
+    }
     Ok(connect.with_tls(tls))
 }
 

@@ -1,7 +1,8 @@
 //! TLS to the members (`ca_file`, with the `tls` feature): a private
 //! one-member cluster serving clients over TLS with a certificate from a
 //! throwaway CA. Trusted through `ca_file`; refused under another CA, and
-//! over plain HTTP.
+//! over plain HTTP. Members that ask for a client certificate get the one in
+//! `cert_file` and `key_file`, and refuse a client without one.
 #![cfg(feature = "tls")]
 
 use lock_core::Locker;
@@ -47,4 +48,43 @@ async fn another_ca_or_plain_http_does_not_connect() {
             .expect_err("must not connect");
         assert!(err.is_unavailable(), "{url}: {err}");
     }
+}
+
+/// Members that ask every client for a certificate (`--client-cert-auth`):
+/// the URL's `cert_file` and `key_file` present one; without them the
+/// cluster does not answer; a key that cannot be read is an input error
+/// naming `key_file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented_to_members_that_ask_for_one() {
+    let (cluster, ca) = tokio::task::spawn_blocking(|| {
+        let ca = TestCa::generate().expect("make a test CA");
+        let cluster = EtcdCluster::start_mtls(1, &ca).expect("start etcd asking for certificates");
+        (cluster, ca)
+    })
+    .await
+    .expect("start task");
+    let base = format!(
+        "{}?ca_file={}&connect_timeout_ms=2000&request_timeout_ms=2000",
+        cluster.url(),
+        ca.ca_file().display()
+    );
+    let cert = format!("cert_file={}", ca.client_cert_file().display());
+    let url = format!("{base}&{cert}&key_file={}", ca.client_key_file().display());
+    let locker = Locker::new(
+        EtcdBackend::connect(&url)
+            .await
+            .expect("connect with a client certificate"),
+    );
+    lock_round_trip(&locker, "mtls/a").await;
+
+    let err = EtcdBackend::connect(&base)
+        .await
+        .expect_err("no certificate, no connection");
+    assert!(err.is_unavailable(), "{err}");
+
+    let err = EtcdBackend::connect(&format!("{base}&{cert}&key_file=/nonexistent/client.key"))
+        .await
+        .expect_err("an unreadable key");
+    assert!(err.is_invalid_input(), "{err}");
+    assert!(err.to_string().contains("key_file"), "{err}");
 }

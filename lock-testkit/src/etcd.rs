@@ -33,6 +33,9 @@ pub struct EtcdMember {
     peer_port: u16,
     /// The CA of the member's client certificate when it serves TLS.
     client_ca: Option<PathBuf>,
+    /// The client certificate and key etcdctl presents, when the member
+    /// asks clients for one.
+    client_cert: Option<(PathBuf, PathBuf)>,
     etcdctl: PathBuf,
     process: Process,
 }
@@ -42,16 +45,27 @@ impl EtcdCluster {
     /// until every member reports healthy (a leader is elected and a
     /// quorum read works).
     pub fn start(members: usize) -> io::Result<EtcdCluster> {
-        Self::start_with(members, None)
+        Self::start_with(members, None, false)
     }
 
     /// As [`start`](Self::start), with the members serving clients over TLS
     /// with the server certificate of `ca` (peers still talk plain HTTP).
     pub fn start_tls(members: usize, ca: &crate::TestCa) -> io::Result<EtcdCluster> {
-        Self::start_with(members, Some(ca))
+        Self::start_with(members, Some(ca), false)
     }
 
-    fn start_with(members: usize, tls: Option<&crate::TestCa>) -> io::Result<EtcdCluster> {
+    /// As [`start_tls`](Self::start_tls), with the members also asking
+    /// every client for a certificate signed by `ca` (`--client-cert-auth`):
+    /// [`TestCa::client_cert_file`](crate::TestCa::client_cert_file) is one.
+    pub fn start_mtls(members: usize, ca: &crate::TestCa) -> io::Result<EtcdCluster> {
+        Self::start_with(members, Some(ca), true)
+    }
+
+    fn start_with(
+        members: usize,
+        tls: Option<&crate::TestCa>,
+        client_certs: bool,
+    ) -> io::Result<EtcdCluster> {
         if members == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -128,6 +142,13 @@ impl EtcdCluster {
                             "--key-file".into(),
                             ca.dir().join("server.key").into(),
                         ]);
+                        if client_certs {
+                            args.extend([
+                                "--client-cert-auth".into(),
+                                "--trusted-ca-file".into(),
+                                ca.ca_file().into(),
+                            ]);
+                        }
                     }
                     EtcdMember {
                         process: Process::new(Spec {
@@ -143,6 +164,9 @@ impl EtcdCluster {
                         client_port,
                         peer_port,
                         client_ca: tls.map(crate::TestCa::ca_file),
+                        client_cert: tls
+                            .filter(|_| client_certs)
+                            .map(|ca| (ca.client_cert_file(), ca.client_key_file())),
                         etcdctl: etcdctl.clone(),
                     }
                 })
@@ -216,8 +240,11 @@ impl EtcdCluster {
     /// Runs `etcdctl` (v3 API) against all endpoints of the cluster and
     /// returns its stdout without the trailing newline.
     pub fn etcdctl(&self, args: &[&str]) -> io::Result<String> {
-        let ca = self.members.first().and_then(|m| m.client_ca.as_deref());
-        run_client(etcdctl_command(&self.etcdctl, &self.endpoints().join(","), ca, "5s").args(args))
+        let first = self.members.first();
+        let ca = first.and_then(|m| m.client_ca.as_deref());
+        let cert = first.and_then(|m| m.client_cert.as_ref());
+        let endpoints = self.endpoints().join(",");
+        run_client(etcdctl_command(&self.etcdctl, &endpoints, ca, cert, "5s").args(args))
     }
 
     /// Revokes every lease the cluster knows (deleting the keys attached to
@@ -348,6 +375,7 @@ impl EtcdMember {
                 &self.etcdctl,
                 &self.endpoint(),
                 self.client_ca.as_deref(),
+                self.client_cert.as_ref(),
                 "2s",
             )
             .args(args),
@@ -380,11 +408,13 @@ impl EtcdMember {
     }
 }
 
-/// `etcdctl` against `endpoints`, trusting `ca` when the members serve TLS.
+/// `etcdctl` against `endpoints`, trusting `ca` when the members serve TLS
+/// and presenting `cert` (certificate, key) when they ask for one.
 fn etcdctl_command(
     etcdctl: &PathBuf,
     endpoints: &str,
     ca: Option<&Path>,
+    cert: Option<&(PathBuf, PathBuf)>,
     command_timeout: &str,
 ) -> Command {
     let mut cmd = Command::new(etcdctl);
@@ -395,6 +425,10 @@ fn etcdctl_command(
     ]);
     if let Some(ca) = ca {
         cmd.arg(format!("--cacert={}", ca.display()));
+    }
+    if let Some((cert, key)) = cert {
+        cmd.arg(format!("--cert={}", cert.display()))
+            .arg(format!("--key={}", key.display()));
     }
     cmd
 }

@@ -1,6 +1,7 @@
-//! A throwaway certificate authority for TLS tests: a CA and a server
-//! certificate for `127.0.0.1` (and `localhost`), made with the `openssl`
-//! command line tool in a temp dir that goes with the value.
+//! A throwaway certificate authority for TLS tests: a CA, a server
+//! certificate for `127.0.0.1` (and `localhost`) and a client certificate,
+//! made with the `openssl` command line tool in a temp dir that goes with
+//! the value.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -10,15 +11,15 @@ use tempfile::TempDir;
 
 use crate::process::{find_binary, free_port};
 
-/// A CA and the server certificate and key it signed.
+/// A CA and the server and client certificates (and keys) it signed.
 #[derive(Debug)]
 pub struct TestCa {
     dir: TempDir,
 }
 
 impl TestCa {
-    /// Makes a new CA (EC P-256, valid for a day) and a server certificate
-    /// for `IP:127.0.0.1` and `DNS:localhost`.
+    /// Makes a new CA (EC P-256, valid for a day), a server certificate for
+    /// `IP:127.0.0.1` and `DNS:localhost`, and a client certificate.
     pub fn generate() -> io::Result<TestCa> {
         let openssl = find_binary("openssl")?;
         let dir = tempfile::Builder::new()
@@ -29,6 +30,10 @@ impl TestCa {
             path("server.ext"),
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
         )?;
+        std::fs::write(
+            path("client.ext"),
+            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+        )?;
         let ec = [
             "-newkey",
             "ec",
@@ -36,7 +41,8 @@ impl TestCa {
             "ec_paramgen_curve:prime256v1",
             "-nodes",
         ];
-        let steps: [Vec<&str>; 3] = [
+        let sign = vec!["x509", "-req", "-days", "1", "-CAcreateserial"];
+        let steps: [Vec<&str>; 5] = [
             [
                 &["req", "-x509"][..],
                 &ec,
@@ -44,9 +50,11 @@ impl TestCa {
             ]
             .concat(),
             [&["req"][..], &ec, &["-subj", "/CN=127.0.0.1"]].concat(),
-            vec!["x509", "-req", "-days", "1", "-CAcreateserial"],
+            sign.clone(),
+            [&["req"][..], &ec, &["-subj", "/CN=lockkit test client"]].concat(),
+            sign,
         ];
-        let files: [Vec<(&str, PathBuf)>; 3] = [
+        let files: [Vec<(&str, PathBuf)>; 5] = [
             vec![("-keyout", path("ca.key")), ("-out", path("ca.crt"))],
             vec![
                 ("-keyout", path("server.key")),
@@ -58,6 +66,17 @@ impl TestCa {
                 ("-CAkey", path("ca.key")),
                 ("-extfile", path("server.ext")),
                 ("-out", path("server.crt")),
+            ],
+            vec![
+                ("-keyout", path("client.key")),
+                ("-out", path("client.csr")),
+            ],
+            vec![
+                ("-in", path("client.csr")),
+                ("-CA", path("ca.crt")),
+                ("-CAkey", path("ca.key")),
+                ("-extfile", path("client.ext")),
+                ("-out", path("client.crt")),
             ],
         ];
         for (args, files) in steps.iter().zip(files) {
@@ -81,6 +100,16 @@ impl TestCa {
     /// The CA's certificate (PEM): what a client trusts.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("ca.crt")
+    }
+
+    /// The client certificate (PEM), for servers that ask for one.
+    pub fn client_cert_file(&self) -> PathBuf {
+        self.dir.path().join("client.crt")
+    }
+
+    /// The client certificate's private key (PEM).
+    pub fn client_key_file(&self) -> PathBuf {
+        self.dir.path().join("client.key")
     }
 
     /// The folder with `ca.crt`, `server.crt` and `server.key`.
