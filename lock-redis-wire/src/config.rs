@@ -10,6 +10,7 @@
 //! | `timeout_ms` | sets both timeouts | |
 //! | `prefix` | key prefix (see [`KeyLayout`]) | `lockkit:` |
 //! | `ca_file` | with TLS: the PEM file of the CA(s) to trust instead of the system's | system roots |
+//! | `cert_file`, `key_file` | with TLS: PEM files of a client certificate and its key, for servers that ask for one (`tls-auth-clients yes`); both | none |
 //!
 //! User and password are Redis ACL credentials (`AUTH user password`; only
 //! a password: the `default` user). They are never printed.
@@ -36,6 +37,8 @@ pub const OPTIONS: &[&str] = &[
     "timeout_ms",
     "prefix",
     "ca_file",
+    "cert_file",
+    "key_file",
 ];
 
 /// How long to wait for the server.
@@ -78,6 +81,10 @@ pub struct RedisSettings {
     /// it stays unread.)
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     ca_pem: Option<Vec<u8>>,
+    /// With TLS: the PEM of a client certificate and of its key
+    /// (`cert_file`, `key_file`). Never printed.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    client_pem: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -151,19 +158,25 @@ impl RedisSettings {
                 ),
             ));
         }
-        let ca_pem = match url.param("ca_file") {
-            None => None,
-            Some(_) if !tls => {
+        let ca_pem = tls_file(url, tls, "ca_file")?;
+        let client_pem = match (
+            tls_file(url, tls, "cert_file")?,
+            tls_file(url, tls, "key_file")?,
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
                 return Err(Error::invalid(
-                    "ca_file",
-                    format!(
-                        "{url}: `ca_file` applies to TLS connections only (rediss://, or tls=true)"
-                    ),
+                    "key_file",
+                    format!("{url}: `cert_file` needs the key beside it, in `key_file`"),
                 ));
             }
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                Error::invalid("ca_file", format!("{url}: cannot read `{path}`: {e}"))
-            })?),
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "cert_file",
+                    format!("{url}: `key_file` needs its certificate, in `cert_file`"),
+                ));
+            }
         };
         let layout = match url.param("prefix") {
             Some(prefix) => KeyLayout::new(prefix)?,
@@ -187,6 +200,7 @@ impl RedisSettings {
             timeouts,
             tls,
             ca_pem,
+            client_pem,
         })
     }
 
@@ -216,13 +230,23 @@ impl RedisSettings {
         redis::Client::open(info)
     }
 
-    /// The CAs of the URL's `ca_file` to trust, as the redis crate takes
-    /// them, if it names one (otherwise TLS trusts the system's roots).
+    /// The CAs of the URL's `ca_file` to trust and its client certificate
+    /// (`cert_file`, `key_file`), as the redis crate takes them, if it names
+    /// either (without a `ca_file`, TLS trusts the system's roots).
     #[cfg(feature = "tls")]
     pub fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
-        self.ca_pem.as_ref().map(|pem| redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
+        if self.ca_pem.is_none() && self.client_pem.is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .client_pem
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca_pem.clone(),
         })
     }
 
@@ -240,6 +264,22 @@ impl RedisSettings {
         } else {
             ConnectionAddr::Tcp(host, port)
         }
+    }
+}
+
+/// The contents of the file the URL's TLS `option` (`ca_file`, `cert_file`,
+/// `key_file`) names, if it names one: refused without TLS, or when it
+/// cannot be read, naming the option.
+fn tls_file(url: &ServerUrl, tls: bool, option: &'static str) -> Result<Option<Vec<u8>>> {
+    match url.param(option) {
+        None => Ok(None),
+        Some(_) if !tls => Err(Error::invalid(
+            option,
+            format!("{url}: `{option}` applies to TLS connections only (rediss://, or tls=true)"),
+        )),
+        Some(path) => std::fs::read(path)
+            .map(Some)
+            .map_err(|e| Error::invalid(option, format!("{url}: cannot read `{path}`: {e}"))),
     }
 }
 
@@ -323,11 +363,20 @@ mod tests {
             let err = tls.unwrap_err();
             assert!(err.to_string().contains("`tls` cargo feature"), "{err}");
         }
-        let err = RedisSettings::parse("redis://h?ca_file=/etc/hostname", false, &[]).unwrap_err();
-        assert!(
-            err.is_invalid_input() && err.to_string().contains("ca_file"),
-            "{err}"
-        );
+        for option in ["ca_file", "cert_file", "key_file"] {
+            let url = format!("redis://h?{option}=/etc/hostname");
+            let err = RedisSettings::parse(&url, false, &[]).unwrap_err();
+            assert!(
+                err.is_invalid_input() && err.to_string().contains(option),
+                "{err}"
+            );
+        }
+        if cfg!(feature = "tls") {
+            // Half of a client certificate names the missing half.
+            let url = "rediss://h?cert_file=/etc/hostname";
+            let err = RedisSettings::parse(url, true, &[]).unwrap_err();
+            assert!(err.to_string().contains("key_file"), "{err}");
+        }
     }
 
     #[test]

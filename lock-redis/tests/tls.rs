@@ -65,6 +65,39 @@ async fn a_ca_file_that_cannot_be_read_or_without_tls_is_an_input_error() {
     }
 }
 
+/// A server that asks every client for a certificate
+/// (`tls-auth-clients yes`): the URL's `cert_file` and `key_file` present
+/// one; without them no lock is taken; half of the pair is an input error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented_to_a_server_that_asks_for_one() {
+    let ca = TestCa::generate().expect("make a test CA");
+    let (args, port) = ca.redis_mtls_args().expect("TLS arguments");
+    let _server = RedisServer::start_with(RedisOptions {
+        extra_args: args,
+        ..RedisOptions::default()
+    })
+    .expect("start redis asking for client certificates");
+    let base = format!(
+        "rediss://127.0.0.1:{port}/?timeout_ms=2000&ca_file={}",
+        ca.ca_file().display()
+    );
+    let cert = format!("cert_file={}", ca.client_cert_file().display());
+    let url = format!("{base}&{cert}&key_file={}", ca.client_key_file().display());
+    let locker = Locker::new(
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect with a client certificate"),
+    );
+    lock_round_trip(&locker, "mtls/a").await;
+
+    untrusted(&base).await;
+    let err = RedisBackend::connect(&format!("{base}&{cert}"))
+        .await
+        .expect_err("a certificate without its key");
+    assert!(err.is_invalid_input(), "{err}");
+    assert!(err.to_string().contains("key_file"), "{err}");
+}
+
 /// A private 3-node Redis Cluster serving TLS, and the CA of its certificates.
 async fn tls_cluster() -> (RedisCluster, TestCa) {
     tokio::task::spawn_blocking(|| {
@@ -117,8 +150,9 @@ async fn a_cluster_whose_certificates_come_from_an_unknown_ca_is_refused() {
     untrusted(&format!("{}/?timeout_ms=2000", cluster.url())).await;
 }
 
-/// The error of a first lock through `url`, whose server certificate must
-/// not be trusted (at the connect, or at the first request): unavailable.
+/// The error of a first lock through `url`, whose TLS handshake must fail
+/// (an untrusted server certificate, or no client certificate for a server
+/// that asks for one), at the connect or at the first request: unavailable.
 async fn untrusted(url: &str) -> lock_core::Error {
     let outcome = match RedisBackend::connect(url).await {
         Ok(backend) => Locker::new(backend)
@@ -127,7 +161,7 @@ async fn untrusted(url: &str) -> lock_core::Error {
             .map(|_| ()),
         Err(e) => Err(e),
     };
-    let err = outcome.expect_err("an untrusted certificate must not connect");
+    let err = outcome.expect_err("the handshake must fail");
     assert!(err.is_unavailable(), "{err}");
     err
 }

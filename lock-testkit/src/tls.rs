@@ -120,6 +120,17 @@ impl TestCa {
     /// `redis-server` arguments that serve TLS on a free port with the
     /// server certificate (no client certificates asked), and that port.
     pub fn redis_args(&self) -> io::Result<(Vec<String>, u16)> {
+        self.redis_tls_args(false)
+    }
+
+    /// As [`redis_args`](Self::redis_args), with the server asking every
+    /// client for a certificate signed by this CA (`tls-auth-clients yes`):
+    /// [`client_cert_file`](Self::client_cert_file) is one.
+    pub fn redis_mtls_args(&self) -> io::Result<(Vec<String>, u16)> {
+        self.redis_tls_args(true)
+    }
+
+    fn redis_tls_args(&self, client_certs: bool) -> io::Result<(Vec<String>, u16)> {
         let port = free_port()?;
         let file = |name: &str| self.dir.path().join(name).display().to_string();
         let args = vec![
@@ -132,7 +143,7 @@ impl TestCa {
             "--tls-ca-cert-file".into(),
             file("ca.crt"),
             "--tls-auth-clients".into(),
-            "no".into(),
+            if client_certs { "yes" } else { "no" }.into(),
         ];
         Ok((args, port))
     }
