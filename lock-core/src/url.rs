@@ -127,6 +127,24 @@ impl ServerUrl {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The client certificate's and key's files (`cert_file`, `key_file`),
+    /// if the URL names them: both or neither, or an error naming the one
+    /// missing.
+    pub fn client_cert_files(&self) -> Result<Option<(&str, &str)>> {
+        match (self.param("cert_file"), self.param("key_file")) {
+            (Some(cert), Some(key)) => Ok(Some((cert, key))),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(Error::invalid(
+                "key_file",
+                format!("{self}: `cert_file` needs the key beside it, in `key_file`"),
+            )),
+            (None, Some(_)) => Err(Error::invalid(
+                "cert_file",
+                format!("{self}: `key_file` needs its certificate, in `cert_file`"),
+            )),
+        }
+    }
+
     /// Parses a query parameter as a number of milliseconds.
     pub fn millis_param(&self, name: &str) -> Result<Option<std::time::Duration>> {
         match self.param(name) {

@@ -158,21 +158,8 @@ impl EtcdOptions {
         if let Some(ca) = url.param("ca_file") {
             self.ca_file = Some(ca.to_owned());
         }
-        match (url.param("cert_file"), url.param("key_file")) {
-            (Some(cert), Some(key)) => self.client_cert = Some((cert.to_owned(), key.to_owned())),
-            (None, None) => {}
-            (Some(_), None) => {
-                return Err(Error::invalid(
-                    "key_file",
-                    format!("{url}: `cert_file` needs the key beside it, in `key_file`"),
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(Error::invalid(
-                    "cert_file",
-                    format!("{url}: `key_file` needs its certificate, in `cert_file`"),
-                ));
-            }
+        if let Some((cert, key)) = url.client_cert_files()? {
+            self.client_cert = Some((cert.to_owned(), key.to_owned()));
         }
         if let Some(first) = url.servers.first() {
             if first.username.is_some() {

@@ -159,24 +159,9 @@ impl RedisSettings {
             ));
         }
         let ca_pem = tls_file(url, tls, "ca_file")?;
-        let client_pem = match (
-            tls_file(url, tls, "cert_file")?,
-            tls_file(url, tls, "key_file")?,
-        ) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(Error::invalid(
-                    "key_file",
-                    format!("{url}: `cert_file` needs the key beside it, in `key_file`"),
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(Error::invalid(
-                    "cert_file",
-                    format!("{url}: `key_file` needs its certificate, in `cert_file`"),
-                ));
-            }
+        let client_pem = match url.client_cert_files()? {
+            Some(_) => tls_file(url, tls, "cert_file")?.zip(tls_file(url, tls, "key_file")?),
+            None => None,
         };
         let layout = match url.param("prefix") {
             Some(prefix) => KeyLayout::new(prefix)?,

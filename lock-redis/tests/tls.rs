@@ -15,8 +15,15 @@ const TTL: Duration = Duration::from_secs(30);
 /// A Redis with a TLS port (and its plain one, which the testkit pings),
 /// the CA that signed its certificate, and the TLS port.
 fn tls_server() -> (RedisServer, TestCa, u16) {
+    tls_server_with(TestCa::redis_args)
+}
+
+/// As [`tls_server`], the server's TLS arguments made by `args`.
+fn tls_server_with(
+    args: impl FnOnce(&TestCa) -> std::io::Result<(Vec<String>, u16)>,
+) -> (RedisServer, TestCa, u16) {
     let ca = TestCa::generate().expect("make a test CA");
-    let (args, port) = ca.redis_args().expect("TLS arguments");
+    let (args, port) = args(&ca).expect("TLS arguments");
     let server = RedisServer::start_with(RedisOptions {
         extra_args: args,
         ..RedisOptions::default()
@@ -70,13 +77,7 @@ async fn a_ca_file_that_cannot_be_read_or_without_tls_is_an_input_error() {
 /// one; without them no lock is taken; half of the pair is an input error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_presented_to_a_server_that_asks_for_one() {
-    let ca = TestCa::generate().expect("make a test CA");
-    let (args, port) = ca.redis_mtls_args().expect("TLS arguments");
-    let _server = RedisServer::start_with(RedisOptions {
-        extra_args: args,
-        ..RedisOptions::default()
-    })
-    .expect("start redis asking for client certificates");
+    let (_server, ca, port) = tls_server_with(TestCa::redis_mtls_args);
     let base = format!(
         "rediss://127.0.0.1:{port}/?timeout_ms=2000&ca_file={}",
         ca.ca_file().display()
