@@ -222,9 +222,9 @@ fn bytes(x: f64) -> String {
     if x < 0.0 {
         return "≈ 0 B".into();
     }
-    if x.abs() >= 1024.0 * 1024.0 {
+    if x >= 1024.0 * 1024.0 {
         format!("{:.1} MiB", x / 1024.0 / 1024.0)
-    } else if x.abs() >= 1024.0 {
+    } else if x >= 1024.0 {
         format!("{:.1} KiB", x / 1024.0)
     } else {
         format!("{x:.0} B")

@@ -75,8 +75,9 @@ impl std::fmt::Debug for Grant {
 /// (or the latest extend) request was sent, plus the TTL, minus the drift
 /// margin. A backend may count from an earlier instant, never a later one:
 /// etcd counts from the last renewal of the lease it grants on, which may be
-/// a lease renewed moments before for an earlier lock. Check it before acting on the protected resource, and pass the
-/// fencing token along so the resource can refuse a stale holder.
+/// a lease renewed moments before for an earlier lock. Check it before
+/// acting on the protected resource, and pass the fencing token along so the
+/// resource can refuse a stale holder.
 pub struct Lease {
     key: LockKey,
     owner: OwnerToken,

@@ -156,6 +156,13 @@ impl ServerUrl {
     }
 }
 
+/// The contents of the file that a connection `option` (`ca_file`,
+/// `cert_file`, `key_file`) names, or an input error naming the option and
+/// the path.
+pub fn read_option_file(option: &'static str, path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::invalid(option, format!("cannot read `{path}`: {e}")))
+}
+
 /// Prints the URL without passwords.
 impl fmt::Display for ServerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

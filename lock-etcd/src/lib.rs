@@ -451,15 +451,11 @@ fn with_tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOpt
     let Some(path) = &options.ca_file else {
         return Ok(connect);
     };
-    let pem = std::fs::read(path)
-        .map_err(|e| Error::invalid("ca_file", format!("cannot read `{path}`: {e}")))?;
+    let read = lock_core::url::read_option_file;
+    let pem = read("ca_file", path)?;
     let mut tls =
         etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem));
     if let Some((cert_file, key_file)) = &options.client_cert {
-        let read = |option: &'static str, path: &str| {
-            std::fs::read(path)
-                .map_err(|e| Error::invalid(option, format!("cannot read `{path}`: {e}")))
-        };
         let identity = etcd_client::Identity::from_pem(
             read("cert_file", cert_file)?,
             read("key_file", key_file)?,

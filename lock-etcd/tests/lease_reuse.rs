@@ -163,9 +163,9 @@ async fn a_grant_on_a_reused_lease_lapses_no_earlier_than_its_deadline() {
 async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
     let (cluster, _backend, locker) = common::on_private_cluster().await;
     let calls = |method: &str| common::calls_started(&cluster, method);
-    // A tenth of it (2 s) is ample for the five acquires (ten writes) even
+    // A tenth of it (4 s) is ample for the five acquires (ten writes) even
     // on a loaded machine, and short enough to wait out below.
-    let ttl = Duration::from_secs(20);
+    let ttl = Duration::from_secs(40);
     let (grants, renewals) = (calls("LeaseGrant"), calls("LeaseKeepAlive"));
 
     let first = locker.try_acquire("again", ttl).await.expect("acquire");
@@ -209,7 +209,8 @@ async fn a_lease_renewed_moments_ago_is_reused_without_a_renewal() {
 async fn an_idle_lease_revoked_moments_after_its_release_is_replaced() {
     let (cluster, backend, locker) = common::on_private_cluster().await;
     let calls = |method: &str| common::calls_started(&cluster, method);
-    let ttl = Duration::from_secs(20);
+    // A tenth of it (4 s) is ample for the release, revoke and acquire.
+    let ttl = Duration::from_secs(40);
     let (grants, renewals) = (calls("LeaseGrant"), calls("LeaseKeepAlive"));
 
     let first = locker.try_acquire("revoked", ttl).await.expect("acquire");

@@ -262,9 +262,7 @@ fn tls_file(url: &ServerUrl, tls: bool, option: &'static str) -> Result<Option<V
             option,
             format!("{url}: `{option}` applies to TLS connections only (rediss://, or tls=true)"),
         )),
-        Some(path) => std::fs::read(path)
-            .map(Some)
-            .map_err(|e| Error::invalid(option, format!("{url}: cannot read `{path}`: {e}"))),
+        Some(path) => lock_core::url::read_option_file(option, path).map(Some),
     }
 }
 

@@ -7,9 +7,8 @@ use lock_core::{Error, Result};
 use lock_redis_wire::{RedisSettings, Timeouts};
 
 /// The query options this backend reads beyond the ones every Redis backend
-/// understands (`connect_timeout_ms`, `response_timeout_ms`, `timeout_ms`,
-/// `prefix`, `ca_file`): the per-node timeout, and `tls=true` for TLS to
-/// every node (with the `tls` cargo feature).
+/// understands ([`lock_redis_wire::config::OPTIONS`]): the per-node timeout, and
+/// `tls=true` for TLS to every node (with the `tls` cargo feature).
 pub(crate) const OPTIONS: &[&str] = &["node_timeout_ms", "tls"];
 
 /// How a [`RedlockBackend`](crate::RedlockBackend) talks to its nodes.
