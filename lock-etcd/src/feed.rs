@@ -184,3 +184,47 @@ impl Drop for Ends {
         let _ = self.events.send(Fed::Broken);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deleted(revision: i64) -> Fed {
+        Fed::Deleted {
+            key: b"queue/entry".to_vec(),
+            revision,
+        }
+    }
+
+    /// A waiter that falls more than [`BACKLOG`] deletions behind is told
+    /// to read the queue (`None`), as when the feed breaks, rather than
+    /// handed a later deletion as if it were the next one; one exactly
+    /// [`BACKLOG`] behind still gets every deletion, in order.
+    #[tokio::test]
+    async fn a_waiter_too_far_behind_is_sent_back_to_the_queue() {
+        let (events, first) = broadcast::channel(BACKLOG);
+        let feed = Arc::new(Feed {
+            events: events.clone(),
+            broken: Arc::new(AtomicBool::new(false)),
+            task: tokio::spawn(std::future::pending::<()>()).abort_handle(),
+        });
+        let mut too_far = Subscription {
+            _feed: feed.clone(),
+            events: first,
+        };
+        events.send(deleted(1)).unwrap();
+        let mut at_the_limit = Subscription {
+            _feed: feed,
+            events: events.subscribe(),
+        };
+        for revision in 2..=BACKLOG as i64 + 1 {
+            events.send(deleted(revision)).unwrap();
+        }
+
+        assert_eq!(too_far.next().await, None, "BACKLOG + 1 behind");
+        for revision in 2..=BACKLOG as i64 + 1 {
+            let seen = at_the_limit.next().await.map(|(_, r)| r);
+            assert_eq!(seen, Some(revision), "BACKLOG behind");
+        }
+    }
+}

@@ -43,10 +43,22 @@ impl Postgres {
     /// As [`start`](Self::start), with the server also accepting TLS
     /// (`ssl=on`) with the server certificate of `ca`.
     pub fn start_tls(ca: &crate::TestCa) -> io::Result<Postgres> {
-        Self::start_with(Some(ca))
+        Self::start_with(Some((ca, false)))
     }
 
-    fn start_with(tls: Option<&crate::TestCa>) -> io::Result<Postgres> {
+    /// As [`start_tls`](Self::start_tls), with the server also asking TCP
+    /// clients over TLS for a certificate signed by `ca`
+    /// (`clientcert=verify-ca`): [`TestCa::client_cert_file`] is one.
+    /// Connections without TLS are still let in, for the testkit's own psql.
+    ///
+    /// [`TestCa::client_cert_file`]: crate::TestCa::client_cert_file
+    pub fn start_mtls(ca: &crate::TestCa) -> io::Result<Postgres> {
+        Self::start_with(Some((ca, true)))
+    }
+
+    /// `tls`: the CA whose server certificate to serve, and whether to ask
+    /// clients for a certificate too.
+    fn start_with(tls: Option<(&crate::TestCa, bool)>) -> io::Result<Postgres> {
         let initdb = find_binary("initdb")?;
         let postgres = find_binary("postgres")?;
         let bin = Binaries {
@@ -82,8 +94,13 @@ impl Postgres {
         run_client(&mut cmd)?;
         // The server reads its key only if it owns it and no one else can.
         let mut tls_settings = Vec::new();
-        if let Some(ca) = tls {
-            for name in ["server.crt", "server.key"] {
+        if let Some((ca, client_certs)) = tls {
+            let names: &[&str] = if client_certs {
+                &["server.crt", "server.key", "ca.crt"]
+            } else {
+                &["server.crt", "server.key"]
+            };
+            for name in names {
                 let to = dir.path().join(name);
                 std::fs::copy(ca.dir().join(name), &to)?;
                 std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
@@ -96,6 +113,21 @@ impl Postgres {
                 format!("ssl_cert_file={}", dir.path().join("server.crt").display()),
                 format!("ssl_key_file={}", dir.path().join("server.key").display()),
             ];
+            if client_certs {
+                tls_settings.push(format!(
+                    "ssl_ca_file={}",
+                    dir.path().join("ca.crt").display()
+                ));
+                // First match wins: TLS connections need a certificate.
+                let hba = "hostssl all all 127.0.0.1/32 trust clientcert=verify-ca\n\
+                           hostnossl all all 127.0.0.1/32 trust\n\
+                           local all all trust\n";
+                let path = data.join("pg_hba.conf");
+                std::fs::write(&path, hba)?;
+                if let Some((uid, gid)) = user {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+                }
+            }
         }
 
         let (port, process) = retry_addr_in_use(|| {
@@ -191,7 +223,10 @@ impl Postgres {
                     "-U",
                     "postgres",
                 ])
-                .args(["-p", &self.port.to_string(), "-d", db, "-c", sql]),
+                .args(["-p", &self.port.to_string(), "-d", db, "-c", sql])
+                // Plain TCP: a server asking TLS clients for a certificate
+                // (`start_mtls`) lets this one in without.
+                .env("PGSSLMODE", "disable"),
         )
     }
 
