@@ -4,12 +4,15 @@
 //! Redlock's acquire latency against the single server's can be no better
 //! than this ratio on the same machine: each node is a process that must be
 //! woken, run the command and answer, and when the nodes outnumber the
-//! cores they take turns. Measured with raw sockets in one task (PING
+//! cores they take turns. Measured with raw sockets in one task (a command
 //! written to every node, then every answer read), so that no library's
-//! tasks or queues are in it.
+//! tasks or queues are in it, for two commands: `PING`, which costs a
+//! server next to nothing, and the acquire script as Redlock sends it, on
+//! which each node spends its real share of the round.
 
 use std::time::{Duration, Instant};
 
+use lock_redis_wire::scripts::{BATCH_LUA, Scripts, TokenRule};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -27,50 +30,106 @@ pub struct FanOutFloor {
     pub single_p50_us: f64,
     /// p50 of one PING to every node at once, all answers read, µs.
     pub fan_out_p50_us: f64,
+    /// p50 of one granted acquire (the batch script, as Redlock sends it)
+    /// on the single server, µs.
+    pub script_single_p50_us: f64,
+    /// p50 of that acquire on every node at once, all answers read, µs.
+    pub script_fan_out_p50_us: f64,
     /// How it is measured.
     pub method: String,
 }
 
 impl FanOutFloor {
-    /// `fan_out_p50_us / single_p50_us`.
+    /// `fan_out_p50_us / single_p50_us`: the floor for a command that costs
+    /// the servers next to nothing.
     pub fn ratio(&self) -> f64 {
         self.fan_out_p50_us / self.single_p50_us
     }
+
+    /// `script_fan_out_p50_us / script_single_p50_us`: the floor for
+    /// Redlock's own acquire.
+    pub fn script_ratio(&self) -> f64 {
+        self.script_fan_out_p50_us / self.script_single_p50_us
+    }
 }
 
-/// Alternates `rounds` PING rounds to `single` and to all of `nodes`
-/// (host:port each), after a warm-up.
+/// Alternates `rounds` rounds to `single` and to all of `nodes` (host:port
+/// each), of PING and of the acquire script, after a warm-up.
 pub async fn floor(single: &str, nodes: &[String], rounds: usize) -> Result<FanOutFloor, String> {
     let mut one = vec![connect(single).await?];
     let mut all = Vec::with_capacity(nodes.len());
     for n in nodes {
         all.push(connect(n).await?);
     }
+    let load = command(&["SCRIPT", "LOAD", BATCH_LUA]);
+    // The answer is the script's SHA1 as a bulk string: two lines.
+    round(&mut one, &load, 2).await?;
+    round(&mut all, &load, 2).await?;
+    let ping = command(&["PING"]);
     let (mut single_ns, mut fan_out_ns) = (Vec::new(), Vec::new());
+    let (mut script_single_ns, mut script_fan_out_ns) = (Vec::new(), Vec::new());
     for i in 0..rounds + rounds / 5 {
-        let t = Instant::now();
-        ping_all(&mut one).await?;
-        let a = t.elapsed();
-        let t = Instant::now();
-        ping_all(&mut all).await?;
-        let b = t.elapsed();
+        // A key per round among 64, free again by the next use of it.
+        let (acquire, release) = acquire_and_release(&format!("lab/fan-out/{}", i % 64));
+        let a = timed(round(&mut one, &ping, 1)).await?;
+        let b = timed(round(&mut all, &ping, 1)).await?;
+        let c = timed(round(&mut one, &acquire, 1)).await?;
+        round(&mut one, &release, 1).await?;
+        let d = timed(round(&mut all, &acquire, 1)).await?;
+        round(&mut all, &release, 1).await?;
         if i >= rounds / 5 {
             single_ns.push(nanos(a));
             fan_out_ns.push(nanos(b));
+            script_single_ns.push(nanos(c));
+            script_fan_out_ns.push(nanos(d));
         }
     }
-    single_ns.sort_unstable();
-    fan_out_ns.sort_unstable();
+    let p50 = |mut ns: Vec<u64>| {
+        ns.sort_unstable();
+        quantile(&ns, 0.5)
+    };
     Ok(FanOutFloor {
         nodes: nodes.len(),
         rounds,
-        single_p50_us: quantile(&single_ns, 0.5),
-        fan_out_p50_us: quantile(&fan_out_ns, 0.5),
+        single_p50_us: p50(single_ns),
+        fan_out_p50_us: p50(fan_out_ns),
+        script_single_p50_us: p50(script_single_ns),
+        script_fan_out_p50_us: p50(script_fan_out_ns),
         method: format!(
-            "raw TCP sockets (TCP_NODELAY) in one task, no client library: `PING` written to every node, then every answer read; {rounds} rounds to one node alternating with {rounds} to all {}",
+            "raw TCP sockets (TCP_NODELAY) in one task, no client library: a command written to every node, then every answer read; {rounds} rounds to one node alternating with {rounds} to all {}, of `PING` and of a granted acquire (`EVALSHA` of the batch script with Redlock's arguments: counter-first tokens, 10 s TTL; released after each round, untimed)",
             nodes.len()
         ),
     })
+}
+
+/// Redlock's acquire and release of `key` (the lab's prefix), as RESP.
+fn acquire_and_release(key: &str) -> (Vec<u8>, Vec<u8>) {
+    const OWNER: &str = "0123456789abcdef0123456789abcdef";
+    let sha = Scripts::get().batch.get_hash();
+    let rule = TokenRule::CounterFirst.as_arg();
+    let lock = format!("lockkit:{{{key}}}");
+    let counter = format!("{lock}:fence");
+    (
+        command(&["EVALSHA", sha, "2", &lock, &counter, rule, "10000", OWNER]),
+        command(&["EVALSHA", sha, "1", &lock, rule, "R", OWNER, "0"]),
+    )
+}
+
+/// A command in RESP, as clients send it.
+fn command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+async fn timed<F: Future<Output = Result<(), String>>>(f: F) -> Result<Duration, String> {
+    let t = Instant::now();
+    f.await?;
+    Ok(t.elapsed())
 }
 
 async fn connect(host: &str) -> Result<TcpStream, String> {
@@ -81,27 +140,30 @@ async fn connect(host: &str) -> Result<TcpStream, String> {
     Ok(s)
 }
 
-/// Writes `PING` to every socket, then reads one reply line from each.
-async fn ping_all(socks: &mut [TcpStream]) -> Result<(), String> {
+/// Writes `cmd` to every socket, then reads an answer of `lines` lines from
+/// each; an error answer (`-NOAUTH ...`, say) is returned as the error.
+async fn round(socks: &mut [TcpStream], cmd: &[u8], lines: usize) -> Result<(), String> {
     for s in socks.iter_mut() {
-        s.write_all(b"PING\r\n").await.map_err(|e| e.to_string())?;
+        s.write_all(cmd).await.map_err(|e| e.to_string())?;
     }
     let mut buf = [0u8; 128];
     for s in socks.iter_mut() {
         let mut got = 0;
-        // One reply line (`+PONG`, or an error such as `-NOAUTH ...`).
-        while !buf[..got].ends_with(b"\r\n") {
+        while buf[..got].windows(2).filter(|w| w == b"\r\n").count() < lines {
             if got == buf.len() {
-                return Err("PING reply longer than expected".into());
+                return Err("answer longer than expected".into());
             }
             let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf[got..]))
                 .await
-                .map_err(|_| "PING: no reply within 5 s".to_string())?
+                .map_err(|_| "no answer within 5 s".to_string())?
                 .map_err(|e| e.to_string())?;
             if n == 0 {
                 return Err("connection closed".into());
             }
             got += n;
+        }
+        if buf[0] == b'-' {
+            return Err(String::from_utf8_lossy(&buf[..got]).trim().to_owned());
         }
     }
     Ok(())

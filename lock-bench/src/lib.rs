@@ -280,7 +280,8 @@ pub async fn run(options: &Options) -> Result<Report, String> {
                 }
                 if *name == "redlock" {
                     let single = std::env::var("LOCKKIT_REDIS_URL").unwrap_or_default();
-                    let _step = progress.step("raw fan-out floor: PING to 1 node vs all".into());
+                    let _step =
+                        progress.step("raw fan-out floor: PING and acquire, 1 node vs all".into());
                     match (counters::hosts(&single).first(), counters::hosts(&url)) {
                         (Some(one), nodes) if nodes.len() > 1 => {
                             match fan_out::floor(one, &nodes, plan.fan_out_rounds).await {

@@ -375,7 +375,10 @@ impl Report {
             measured: lat.map_or("not measured".into(), |v| {
                 let floor = self.fan_out_floor.as_ref().map_or(String::new(), |f| {
                     format!(
-                        "; the servers alone, raw sockets: {:.2}x ({} vs {})",
+                        "; the servers alone, raw sockets: {:.2}x for this acquire ({} vs {}), {:.2}x for PING ({} vs {})",
+                        f.script_ratio(),
+                        us(f.script_fan_out_p50_us),
+                        us(f.script_single_p50_us),
                         f.ratio(),
                         us(f.fan_out_p50_us),
                         us(f.single_p50_us)
