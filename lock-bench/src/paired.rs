@@ -114,6 +114,19 @@ async fn server_cpu_s(nodes: &[MultiplexedConnection]) -> Option<f64> {
     Some(total)
 }
 
+/// CPU seconds this process has used (user + system), from /proc/self/stat:
+/// whichever client is measuring, and the lab's own timing of each call.
+fn own_cpu_s() -> Option<f64> {
+    // USER_HZ: the unit of these fields, 100 on every Linux ABI.
+    const TICKS_PER_S: f64 = 100.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name (in parentheses, and free to hold spaces) come
+    // fields 3 onwards; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some((ticks(11)? + ticks(12)?) / TICKS_PER_S)
+}
+
 /// A client for a report name, from the servers' URLs in the environment.
 async fn client(name: &str) -> Result<Client, String> {
     let var = |v: &str| std::env::var(v).map_err(|_| format!("{v} is not set"));
@@ -166,6 +179,10 @@ pub struct Paired {
     /// clients use: the median over the rounds of (subject, against). Only
     /// where both talk to the same Redis servers.
     pub server_us_per_pair: Option<(f64, f64)>,
+    /// This process's CPU time per pair, µs (the client's work and the
+    /// lab's own timing of each call, the same for both): the median over
+    /// the rounds of (subject, against).
+    pub client_us_per_pair: Option<(f64, f64)>,
 }
 
 impl Paired {
@@ -179,6 +196,7 @@ impl Paired {
             ratios: Vec::new(),
             errors: Vec::new(),
             server_us_per_pair: None,
+            client_us_per_pair: None,
         }
     }
 
@@ -215,15 +233,18 @@ pub async fn run(
     let ((subject, a), (against, b)) = sides;
     let mut out = Paired::new(subject, against, tasks, metric);
     let ttl = Duration::from_secs(10);
-    // One round of one client: its figure, and the servers' CPU µs per pair.
+    // One round of one client: its figure, and the servers' and this
+    // process's CPU µs per pair.
     let once = async |client: &Client, side: &str| {
         let ops = Arc::new(AtomicU64::new(0));
         let cpu_before = match &servers {
             Some(nodes) => server_cpu_s(nodes).await,
             None => None,
         };
+        let own_before = own_cpu_s();
         let u = scenarios::uncontended(client, &format!("{prefix}/{side}"), tasks, phase, ttl, ops)
             .await;
+        let own_after = own_cpu_s();
         let cpu_after = match &servers {
             Some(nodes) => server_cpu_s(nodes).await,
             None => None,
@@ -232,20 +253,26 @@ pub async fn run(
             Metric::PairsPerSecond => u.pairs_per_s,
             Metric::AcquireP50 => u.acquire.p50_us,
         };
-        let cpu_per_pair = cpu_before
-            .zip(cpu_after)
-            .filter(|_| u.pairs > 0)
-            .map(|(b, a)| (a - b) * 1e6 / u.pairs as f64);
+        let per_pair = |before: Option<f64>, after: Option<f64>| {
+            before
+                .zip(after)
+                .filter(|_| u.pairs > 0)
+                .map(|(b, a)| (a - b) * 1e6 / u.pairs as f64)
+        };
+        let cpu = (
+            per_pair(cpu_before, cpu_after),
+            per_pair(own_before, own_after),
+        );
         match u.first_error {
             Some(e) => Err(format!("{side}: {} errors, first: {e}", u.errors)),
             None if u.pairs == 0 => Err(format!("{side}: no pair completed")),
-            None => Ok((figure, cpu_per_pair)),
+            None => Ok((figure, cpu)),
         }
     };
     // Warm-up, not counted: connections, script caches.
     let _ = once(a, "subject").await;
     let _ = once(b, "against").await;
-    let mut cpu = Vec::new();
+    let (mut cpu, mut own) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let (x, y) = if round % 2 == 0 {
             let x = once(a, "subject").await;
@@ -258,23 +285,32 @@ pub async fn run(
             (Ok((x, x_cpu)), Ok((y, y_cpu))) if y > 0.0 => {
                 out.rounds.push((x, y));
                 out.ratios.push(x / y);
-                cpu.extend(x_cpu.zip(y_cpu));
+                cpu.extend(x_cpu.0.zip(y_cpu.0));
+                own.extend(x_cpu.1.zip(y_cpu.1));
             }
             (x, y) => out.errors.extend([x.err(), y.err()].into_iter().flatten()),
         }
     }
     out.ratios.sort_by(f64::total_cmp);
-    if !cpu.is_empty() {
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        out.server_us_per_pair = Some((
-            median(cpu.iter().map(|c| c.0).collect()),
-            median(cpu.iter().map(|c| c.1).collect()),
-        ));
+    out.server_us_per_pair = medians(&cpu);
+    if metric == Metric::PairsPerSecond {
+        out.client_us_per_pair = medians(&own);
     }
     out
+}
+
+/// The median of each side of `pairs`, if there are any.
+fn medians(pairs: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (!pairs.is_empty()).then(|| {
+        (
+            median(pairs.iter().map(|c| c.0).collect()),
+            median(pairs.iter().map(|c| c.1).collect()),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -500,7 +500,7 @@ impl Report {
         }
         md.push_str("\n## How each figure is taken\n\n");
         md.push_str("- **pairs/s**: T tasks, each locking and releasing a key of its own (`try_acquire` + `release`) for the phase; acquire latency is the `try_acquire` call alone.\n");
-        md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them.\n");
+        md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them. CPU per pair: the Redis servers' (`INFO cpu`, summed over the nodes both clients use) and this process's (user + system, /proc/self/stat; the client's work and the lab's own timing of each call, the same for both), over each round, divided by its pairs; the median over the rounds.\n");
         md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant.\n");
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
@@ -671,7 +671,7 @@ impl Report {
             return String::new();
         }
         let mut md = String::from(
-            "## Paired rounds: two clients in turns\n\n| client | against | tasks | compared | rounds | median ratio | lowest | highest | Redis CPU per pair, client / against |\n|---|---|---|---|---|---|---|---|---|\n",
+            "## Paired rounds: two clients in turns\n\n| client | against | tasks | compared | rounds | median ratio | lowest | highest | Redis CPU per pair, client / against | lab process CPU per pair, client / against |\n|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for p in &self.paired {
             let compared = match p.metric {
@@ -681,12 +681,13 @@ impl Report {
             let (lo, hi) = p.range().map_or(("—".into(), "—".into()), |(l, h)| {
                 (format!("{l:.2}x"), format!("{h:.2}x"))
             });
-            let cpu = p
-                .server_us_per_pair
-                .map_or("—".into(), |(a, b)| format!("{a:.1} µs / {b:.1} µs"));
+            let both = |v: Option<(f64, f64)>| {
+                v.map_or("—".into(), |(a, b)| format!("{a:.1} µs / {b:.1} µs"))
+            };
+            let (cpu, own) = (both(p.server_us_per_pair), both(p.client_us_per_pair));
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {compared} | {} | {} | {lo} | {hi} | {cpu} |",
+                "| {} | {} | {} | {compared} | {} | {} | {lo} | {hi} | {cpu} | {own} |",
                 p.subject,
                 p.against,
                 p.tasks,
