@@ -8,27 +8,25 @@ use std::time::Duration;
 
 use lock_core::Locker;
 use lock_redis::RedisBackend;
-use lock_testkit::{RedisCluster, RedisOptions, RedisServer, TestCa, lock_round_trip};
+use lock_testkit::{RedisCluster, RedisOptions, RedisServer, RedisTls, TestCa, lock_round_trip};
 
 const TTL: Duration = Duration::from_secs(30);
 
 /// A Redis with a TLS port (and its plain one, which the testkit pings),
 /// the CA that signed its certificate, and the TLS port.
 fn tls_server() -> (RedisServer, TestCa, u16) {
-    tls_server_with(TestCa::redis_args)
+    tls_server_with(TestCa::redis_tls)
 }
 
-/// As [`tls_server`], the server's TLS arguments made by `args`.
-fn tls_server_with(
-    args: impl FnOnce(&TestCa) -> std::io::Result<(Vec<String>, u16)>,
-) -> (RedisServer, TestCa, u16) {
+/// As [`tls_server`], serving TLS as `tls` says.
+fn tls_server_with(tls: fn(&TestCa) -> RedisTls) -> (RedisServer, TestCa, u16) {
     let ca = TestCa::generate().expect("make a test CA");
-    let (args, port) = args(&ca).expect("TLS arguments");
     let server = RedisServer::start_with(RedisOptions {
-        extra_args: args,
+        tls: Some(tls(&ca)),
         ..RedisOptions::default()
     })
     .expect("start redis with TLS");
+    let port = server.tls_port().expect("a TLS port");
     (server, ca, port)
 }
 
@@ -77,7 +75,7 @@ async fn a_ca_file_that_cannot_be_read_or_without_tls_is_an_input_error() {
 /// one; without them no lock is taken; half of the pair is an input error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_presented_to_a_server_that_asks_for_one() {
-    let (_server, ca, port) = tls_server_with(TestCa::redis_mtls_args);
+    let (_server, ca, port) = tls_server_with(TestCa::redis_mtls);
     let base = format!(
         "rediss://127.0.0.1:{port}/?timeout_ms=2000&ca_file={}",
         ca.ca_file().display()

@@ -14,15 +14,16 @@ async fn locks_work_over_tls_on_every_node() {
     let mut nodes = Vec::new();
     let mut ports = Vec::new();
     for _ in 0..3 {
-        let (args, port) = ca.redis_args().expect("TLS arguments");
-        nodes.push(
-            RedisServer::start_with(RedisOptions {
-                extra_args: args,
-                ..RedisOptions::default()
-            })
-            .expect("start redis with TLS"),
-        );
-        ports.push(format!("127.0.0.1:{port}"));
+        let node = RedisServer::start_with(RedisOptions {
+            tls: Some(ca.redis_tls()),
+            ..RedisOptions::default()
+        })
+        .expect("start redis with TLS");
+        ports.push(format!(
+            "127.0.0.1:{}",
+            node.tls_port().expect("a TLS port")
+        ));
+        nodes.push(node);
     }
     let url = format!(
         "redlock://{}?tls=true&ca_file={}",

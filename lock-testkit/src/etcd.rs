@@ -138,9 +138,9 @@ impl EtcdCluster {
                     if let Some(ca) = tls {
                         args.extend([
                             "--cert-file".into(),
-                            ca.dir().join("server.crt").into(),
+                            ca.server_cert_file().into(),
                             "--key-file".into(),
-                            ca.dir().join("server.key").into(),
+                            ca.server_key_file().into(),
                         ]);
                         if client_certs {
                             args.extend([

@@ -10,6 +10,6 @@ mod tls;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use postgres::Postgres;
-pub use redis::{RedisNodes, RedisOptions, RedisServer};
+pub use redis::{RedisNodes, RedisOptions, RedisServer, RedisTls};
 pub use redis_cluster::RedisCluster;
 pub use tls::{TestCa, lock_round_trip};

@@ -95,14 +95,16 @@ impl Postgres {
         // The server reads its key only if it owns it and no one else can.
         let mut tls_settings = Vec::new();
         if let Some((ca, client_certs)) = tls {
-            let names: &[&str] = if client_certs {
-                &["server.crt", "server.key", "ca.crt"]
-            } else {
-                &["server.crt", "server.key"]
-            };
-            for name in names {
+            let mut files = vec![
+                ("server.crt", ca.server_cert_file()),
+                ("server.key", ca.server_key_file()),
+            ];
+            if client_certs {
+                files.push(("ca.crt", ca.ca_file()));
+            }
+            for (name, from) in files {
                 let to = dir.path().join(name);
-                std::fs::copy(ca.dir().join(name), &to)?;
+                std::fs::copy(from, &to)?;
                 std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
                 if let Some((uid, gid)) = user {
                     std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;

@@ -27,6 +27,44 @@ pub struct RedisOptions {
     /// inherited ones (e.g. `LD_PRELOAD` and `FAKETIME_*` to run it under
     /// libfaketime). They apply to every restart too.
     pub env: Vec<(String, String)>,
+    /// Serve TLS too, on a port of its own ([`RedisServer::tls_port`]);
+    /// from [`TestCa::redis_tls`](crate::TestCa::redis_tls). The plain
+    /// port stays, for [`RedisServer::cli`].
+    pub tls: Option<RedisTls>,
+    /// Run as a Redis Cluster node (`--cluster-enabled yes`), its cluster
+    /// bus on a free port of its own (the default, the port + 10000, may
+    /// not be free), over TLS when `tls` is set.
+    pub cluster_node: bool,
+}
+
+/// How a [`RedisServer`] serves TLS: its certificate, the CA it trusts,
+/// and whether it asks clients for a certificate.
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    /// The server certificate (PEM).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// The CA whose client certificates (and cluster peers) it trusts.
+    pub ca_file: PathBuf,
+    /// Ask every client for a certificate (`tls-auth-clients yes`).
+    pub client_certs: bool,
+}
+
+impl RedisTls {
+    fn args(&self, port: u16) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["--tls-port".into(), port.to_string().into()];
+        for (flag, file) in [
+            ("--tls-cert-file", &self.cert_file),
+            ("--tls-key-file", &self.key_file),
+            ("--tls-ca-cert-file", &self.ca_file),
+        ] {
+            args.extend([flag.into(), file.into()]);
+        }
+        let auth = if self.client_certs { "yes" } else { "no" };
+        args.extend(["--tls-auth-clients".into(), auth.into()]);
+        args
+    }
 }
 
 /// A private `redis-server` on a free loopback port with its own temp dir.
@@ -35,6 +73,7 @@ pub struct RedisOptions {
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    tls_port: Option<u16>,
     process: Process,
     // Declared after `process` so the server is killed before its dir goes.
     dir: TempDir,
@@ -72,6 +111,31 @@ impl RedisServer {
             {
                 args.push(arg.into());
             }
+            // Every port is picked here, so a collision on any is retried.
+            let tls_port = match &options.tls {
+                Some(tls) => {
+                    let port = free_port()?;
+                    args.extend(tls.args(port));
+                    Some(port)
+                }
+                None => None,
+            };
+            if options.cluster_node {
+                let bus = free_port()?.to_string();
+                for arg in [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                ] {
+                    args.push(arg.into());
+                }
+                if options.tls.is_some() {
+                    args.extend(["--tls-cluster".into(), "yes".into()]);
+                }
+            }
             args.extend(options.extra_args.iter().map(OsString::from));
             let process = Process::new(Spec {
                 name: format!("redis-server 127.0.0.1:{port}"),
@@ -82,7 +146,12 @@ impl RedisServer {
                 user: None,
                 env: options.env.clone(),
             });
-            let server = RedisServer { port, process, dir };
+            let server = RedisServer {
+                port,
+                tls_port,
+                process,
+                dir,
+            };
             server.process.spawn()?;
             server.wait_ready()?;
             Ok(server)
@@ -108,6 +177,12 @@ impl RedisServer {
     /// The TCP port; it stays the same across restarts.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS port, when started with [`RedisOptions::tls`]; it too stays
+    /// the same across restarts.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// The server's PID while it runs.

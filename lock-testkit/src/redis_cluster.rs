@@ -4,7 +4,7 @@ use std::io;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::process::{find_binary, free_port, run_client};
+use crate::process::{find_binary, run_client};
 use crate::{RedisOptions, RedisServer, TestCa};
 
 /// How long the nodes may take to agree that the cluster is ok.
@@ -31,26 +31,13 @@ impl RedisCluster {
         let mut nodes = Vec::with_capacity(n);
         let mut tls_ports = Vec::with_capacity(n);
         for _ in 0..n {
-            let (mut args, tls_port) = ca.redis_args()?;
-            // The bus port's default (the port + 10000) may not exist.
-            let bus = free_port()?.to_string();
-            for arg in [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                &bus,
-                "--tls-cluster",
-                "yes",
-            ] {
-                args.push(arg.into());
-            }
-            nodes.push(RedisServer::start_with(RedisOptions {
-                extra_args: args,
+            let node = RedisServer::start_with(RedisOptions {
+                tls: Some(ca.redis_tls()),
+                cluster_node: true,
                 ..RedisOptions::default()
-            })?);
-            tls_ports.push(tls_port);
+            })?;
+            tls_ports.extend(node.tls_port());
+            nodes.push(node);
         }
         let cluster = RedisCluster { nodes, tls_ports };
         let ca_file = ca.ca_file();

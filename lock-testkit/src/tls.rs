@@ -9,7 +9,8 @@ use std::process::Command;
 
 use tempfile::TempDir;
 
-use crate::process::{find_binary, free_port};
+use crate::process::find_binary;
+use crate::redis::RedisTls;
 
 /// A CA and the server and client certificates (and keys) it signed.
 #[derive(Debug)]
@@ -102,6 +103,16 @@ impl TestCa {
         self.dir.path().join("ca.crt")
     }
 
+    /// The server certificate (PEM), for `127.0.0.1` and `localhost`.
+    pub fn server_cert_file(&self) -> PathBuf {
+        self.dir.path().join("server.crt")
+    }
+
+    /// The server certificate's private key (PEM).
+    pub fn server_key_file(&self) -> PathBuf {
+        self.dir.path().join("server.key")
+    }
+
     /// The client certificate (PEM), for servers that ask for one.
     pub fn client_cert_file(&self) -> PathBuf {
         self.dir.path().join("client.crt")
@@ -117,35 +128,26 @@ impl TestCa {
         self.dir.path()
     }
 
-    /// `redis-server` arguments that serve TLS on a free port with the
-    /// server certificate (no client certificates asked), and that port.
-    pub fn redis_args(&self) -> io::Result<(Vec<String>, u16)> {
-        self.redis_tls_args(false)
+    /// TLS for a [`RedisServer`](crate::RedisServer) with this CA's server
+    /// certificate, asking clients for none.
+    pub fn redis_tls(&self) -> RedisTls {
+        self.redis_tls_with(false)
     }
 
-    /// As [`redis_args`](Self::redis_args), with the server asking every
+    /// As [`redis_tls`](Self::redis_tls), with the server asking every
     /// client for a certificate signed by this CA (`tls-auth-clients yes`):
     /// [`client_cert_file`](Self::client_cert_file) is one.
-    pub fn redis_mtls_args(&self) -> io::Result<(Vec<String>, u16)> {
-        self.redis_tls_args(true)
+    pub fn redis_mtls(&self) -> RedisTls {
+        self.redis_tls_with(true)
     }
 
-    fn redis_tls_args(&self, client_certs: bool) -> io::Result<(Vec<String>, u16)> {
-        let port = free_port()?;
-        let file = |name: &str| self.dir.path().join(name).display().to_string();
-        let args = vec![
-            "--tls-port".into(),
-            port.to_string(),
-            "--tls-cert-file".into(),
-            file("server.crt"),
-            "--tls-key-file".into(),
-            file("server.key"),
-            "--tls-ca-cert-file".into(),
-            file("ca.crt"),
-            "--tls-auth-clients".into(),
-            if client_certs { "yes" } else { "no" }.into(),
-        ];
-        Ok((args, port))
+    fn redis_tls_with(&self, client_certs: bool) -> RedisTls {
+        RedisTls {
+            cert_file: self.server_cert_file(),
+            key_file: self.server_key_file(),
+            ca_file: self.ca_file(),
+            client_certs,
+        }
     }
 }
 
