@@ -36,16 +36,17 @@ fn verified_url(server: &Postgres, ca: &TestCa, more: &str) -> String {
     )
 }
 
+/// Connects to `url` and runs [`lock_round_trip`] on `key`.
+async fn round_trip(url: &str, key: &str) {
+    let backend = PostgresBackend::connect(url).await;
+    let locker = Locker::new(backend.unwrap_or_else(|e| panic!("connect over TLS: {e}")));
+    lock_round_trip(&locker, key).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_work_over_verified_tls() {
     let (server, ca) = tls_server().await;
-    let url = verified_url(&server, &ca, "");
-    let locker = Locker::new(
-        PostgresBackend::connect(&url)
-            .await
-            .expect("connect over TLS"),
-    );
-    lock_round_trip(&locker, "tls/a").await;
+    round_trip(&verified_url(&server, &ca, ""), "tls/a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,11 +56,7 @@ async fn a_server_certificate_from_another_ca_is_refused() {
         .await
         .expect("task")
         .expect("another CA");
-    let url = format!(
-        "{}?sslmode=verify-full&sslrootcert={}&connect_timeout_ms=3000",
-        server.url(),
-        other.ca_file().display()
-    );
+    let url = verified_url(&server, &other, "&connect_timeout_ms=3000");
     let err = PostgresBackend::connect(&url)
         .await
         .expect_err("an untrusted certificate must not connect");
@@ -78,12 +75,7 @@ async fn a_client_certificate_is_sent_to_a_server_that_asks_for_one() {
             ca.client_key_file().display()
         ),
     );
-    let locker = Locker::new(
-        PostgresBackend::connect(&url)
-            .await
-            .expect("connect with a client certificate"),
-    );
-    lock_round_trip(&locker, "mtls/a").await;
+    round_trip(&url, "mtls/a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
