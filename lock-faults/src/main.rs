@@ -124,6 +124,14 @@ async fn run(
         cells.len(),
         dir.display()
     );
+    // Taken before the cells run: the tree may change while they do.
+    let provenance = report::Provenance::collect(
+        run_id,
+        schedule,
+        seed,
+        settings.ttl.as_millis() as u64,
+        settings.clients,
+    );
     let mut outcomes = Vec::new();
     for (i, cell) in cells.into_iter().enumerate() {
         let started = std::time::Instant::now();
@@ -144,13 +152,6 @@ async fn run(
         );
         outcomes.push(outcome);
     }
-    let provenance = report::Provenance::collect(
-        run_id,
-        schedule,
-        seed,
-        settings.ttl.as_millis() as u64,
-        settings.clients,
-    );
     let md = report::matrix_markdown(&provenance, &outcomes);
     let json = serde_json::json!({ "provenance": provenance, "cells": outcomes });
     let written = std::fs::write(dir.join("matrix.md"), &md)
