@@ -12,6 +12,16 @@
 //! callers woken together ask together; a lone caller's request leaves
 //! after that one scheduling round, as a batch of one.
 //!
+//! A batch's answers reach its callers as [`Handout`] says: for a single
+//! server, [`HANDOUT_ROUND`] at a time, the callers answered so far running
+//! (and asking again) before the next are answered. Handed out all at once,
+//! the answers of a busy batch wake all its callers together, they all ask
+//! again together, and their next batch leaves only once the last of them
+//! has asked: the client works while the server waits, then the other way
+//! round. In rounds, the first callers' next operations leave while the
+//! rest are still being answered, so the server works while the client
+//! does (the lab's paired rounds against rslock measure it).
+//!
 //! Up to [`IN_FLIGHT`] batches are on the wire at once per server. Batches
 //! leave in the order their operations were asked, and an operation whose
 //! claim (lock and owner) is still on the wire waits, with everything asked
@@ -22,7 +32,7 @@
 //! whose caller has already gone when its batch is formed is not sent at
 //! all, so it grants nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
@@ -46,6 +56,21 @@ pub const MAX_BATCH: usize = 128;
 /// How many calls may be on the wire at once: while the server runs one,
 /// the next one fills up, so neither side waits for the other.
 pub const IN_FLIGHT: usize = 3;
+
+/// How many answers of a batch [`Handout::InRounds`] hands out before it
+/// lets the callers answered so far run.
+pub const HANDOUT_ROUND: usize = 4;
+
+/// How a batch's answers reach its callers (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handout {
+    /// All at once: for callers that wait on the batches of several
+    /// servers (Redlock), where an answer held back delays its caller's
+    /// whole round.
+    AllAtOnce,
+    /// [`HANDOUT_ROUND`] at a time: for callers of one server.
+    InRounds,
+}
 
 /// A lock and the owner asking for it: what one operation names, shared by
 /// the batchers of all the servers it goes to.
@@ -98,14 +123,14 @@ pub struct Batcher {
 
 impl Batcher {
     /// Starts sending batches over `conn` (a multiplexed connection; its
-    /// response timeout, if any, bounds each batch). Must be called within
-    /// a Tokio runtime.
-    pub fn start<C>(conn: C, rule: TokenRule) -> Batcher
+    /// response timeout, if any, bounds each batch), handing the answers
+    /// out as `handout` says. Must be called within a Tokio runtime.
+    pub fn start<C>(conn: C, rule: TokenRule, handout: Handout) -> Batcher
     where
         C: ConnectionLike + Clone + Send + 'static,
     {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(send_batches(conn, rule, requests));
+        tokio::spawn(send_batches(conn, rule, handout, requests));
         Batcher { queue }
     }
 
@@ -167,6 +192,7 @@ fn stopped() -> RedisError {
 async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
     conn: C,
     rule: TokenRule,
+    handout: Handout,
     mut requests: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut waiting: Vec<Request> = Vec::with_capacity(MAX_BATCH);
@@ -175,8 +201,19 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
     // operation on the same lock waits for them, as calls on one connection
     // are not guaranteed to run in the order their futures were created.
     let mut busy = Busy::default();
+    // Answers that came back and are not handed out yet, in order.
+    let mut answered: VecDeque<(Request, RedisResult<i64>)> = VecDeque::new();
     let mut open = true;
     loop {
+        let round = match handout {
+            Handout::AllAtOnce => answered.len(),
+            Handout::InRounds => HANDOUT_ROUND.min(answered.len()),
+        };
+        for (request, answer) in answered.drain(..round) {
+            // Answered: the claim's later operations may go.
+            busy.remove(&request.claim.id());
+            let _ = request.reply.send(answer);
+        }
         // Acquires nobody waits for any more would only grant a lock to no
         // one; dropped on every pass, also while the wire is full.
         waiting
@@ -191,14 +228,18 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
             }
             in_flight.push(send(conn.clone(), rule, batch));
         }
-        if !open && in_flight.is_empty() && waiting.is_empty() {
+        if !open && in_flight.is_empty() && waiting.is_empty() && answered.is_empty() {
             return;
         }
         tokio::select! {
             biased;
-            Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
-                for id in sent {
-                    busy.remove(&id);
+            Some((batch, answers)) = in_flight.next(), if !in_flight.is_empty() => {
+                for (i, request) in batch.into_iter().enumerate() {
+                    let answer = match &answers {
+                        Ok(answers) => answers[i].clone(),
+                        Err(e) => Err(e.clone()),
+                    };
+                    answered.push_back((request, answer));
                 }
             }
             n = requests.recv_many(&mut waiting, MAX_BATCH), if open && waiting.len() < MAX_BATCH => {
@@ -207,6 +248,8 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
                     gather_ready(&mut requests, &mut waiting).await;
                 }
             }
+            // More answers to hand out: the callers answered so far go first.
+            () = tokio::task::yield_now(), if !answered.is_empty() => {}
         }
     }
 }
@@ -264,21 +307,18 @@ fn take_batch(waiting: &mut Vec<Request>, busy: &Busy) -> Vec<Request> {
     waiting.drain(..ready).collect()
 }
 
-/// Sends one batch, hands out its answers, and returns its requests' ids.
-async fn send<C: ConnectionLike>(mut conn: C, rule: TokenRule, batch: Vec<Request>) -> Vec<u64> {
+/// Sends one batch; returns it with its answers: one per operation, or
+/// the error of the whole call.
+async fn send<C: ConnectionLike>(
+    mut conn: C,
+    rule: TokenRule,
+    batch: Vec<Request>,
+) -> (Vec<Request>, RedisResult<Vec<RedisResult<i64>>>) {
     let operations: Vec<(&LockKeys, &str, Operation)> = batch
         .iter()
         .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
         .collect();
     let answers = scripts::run_batch(&mut conn, rule, &operations).await;
-    let mut keys = Vec::with_capacity(batch.len());
-    for (i, request) in batch.into_iter().enumerate() {
-        let answer = match &answers {
-            Ok(answers) => answers[i].clone(),
-            Err(e) => Err(e.clone()),
-        };
-        keys.push(request.claim.id());
-        let _ = request.reply.send(answer);
-    }
-    keys
+    drop(operations);
+    (batch, answers)
 }

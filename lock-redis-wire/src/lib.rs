@@ -6,7 +6,7 @@ pub mod errors;
 pub mod keys;
 pub mod scripts;
 
-pub use batch::{Batcher, Claim};
+pub use batch::{Batcher, Claim, Handout};
 pub use config::{RedisSettings, Timeouts};
 pub use errors::map_error;
 pub use keys::{KeyLayout, LockKeys};

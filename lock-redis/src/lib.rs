@@ -13,7 +13,7 @@ use lock_core::{
     LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
 };
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, TokenRule, map_error};
+use lock_redis_wire::{Batcher, Claim, Handout, LockKeys, RedisSettings, TokenRule, map_error};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
@@ -136,7 +136,11 @@ impl RedisBackend {
             settings.endpoints[0].clone()
         };
         let batcher = match &conn {
-            Conn::Single(c) => Some(Batcher::start(c.clone(), TokenRule::ClockFloor)),
+            Conn::Single(c) => Some(Batcher::start(
+                c.clone(),
+                TokenRule::ClockFloor,
+                Handout::InRounds,
+            )),
             Conn::Cluster(_) => None,
         };
         let inner = Inner {

@@ -15,7 +15,7 @@ use lock_core::{
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, KeyLayout, RedisSettings, TokenRule};
+use lock_redis_wire::{Batcher, Claim, Handout, KeyLayout, RedisSettings, TokenRule};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
@@ -236,7 +236,11 @@ fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec
                 .map_err(|e| lock_redis_wire::map_error(BACKEND, &settings.endpoints[i], e))?;
             Ok(Node {
                 endpoint: settings.endpoints[i].clone(),
-                batcher: Batcher::start(connection.clone(), TokenRule::CounterFirst),
+                batcher: Batcher::start(
+                    connection.clone(),
+                    TokenRule::CounterFirst,
+                    Handout::AllAtOnce,
+                ),
                 connection,
             })
         })
