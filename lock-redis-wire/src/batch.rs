@@ -25,7 +25,8 @@
 //! Up to [`IN_FLIGHT`] batches are on the wire at once per server. Batches
 //! leave in the order their operations were asked, and an operation whose
 //! claim (lock and owner) is still on the wire waits, with everything asked
-//! after it, until that batch has answered: a release asked after an
+//! after it, until that batch has answered and the claim's answer has been
+//! handed out: a release asked after an
 //! acquire (for instance the clean-up of an acquire whose caller stopped
 //! waiting) runs after it, even when the acquire is stuck on a paused
 //! server, and so does whatever was asked after the release. An acquire
@@ -233,15 +234,11 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
         }
         tokio::select! {
             biased;
-            Some((batch, answers)) = in_flight.next(), if !in_flight.is_empty() => {
-                for (i, request) in batch.into_iter().enumerate() {
-                    let answer = match &answers {
-                        Ok(answers) => answers[i].clone(),
-                        Err(e) => Err(e.clone()),
-                    };
-                    answered.push_back((request, answer));
-                }
-            }
+            Some((batch, answers)) = in_flight.next(), if !in_flight.is_empty() => match answers {
+                // One answer per operation (`run_batch` checks the count).
+                Ok(answers) => answered.extend(batch.into_iter().zip(answers)),
+                Err(e) => answered.extend(batch.into_iter().map(|r| (r, Err(e.clone())))),
+            },
             n = requests.recv_many(&mut waiting, MAX_BATCH), if open && waiting.len() < MAX_BATCH => {
                 open = n > 0;
                 if open {
@@ -319,6 +316,5 @@ async fn send<C: ConnectionLike>(
         .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
         .collect();
     let answers = scripts::run_batch(&mut conn, rule, &operations).await;
-    drop(operations);
     (batch, answers)
 }
