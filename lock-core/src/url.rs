@@ -127,6 +127,21 @@ impl ServerUrl {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Refuses a query option in none of the `known` lists, naming it and
+    /// the known ones: a misspelt option is not silently ignored.
+    pub fn refuse_unknown_options(&self, known: &[&[&str]]) -> Result<()> {
+        let is_known = |name: &str| known.iter().any(|list| list.contains(&name));
+        let Some((name, _)) = self.query.iter().find(|(k, _)| !is_known(k)) else {
+            return Ok(());
+        };
+        let mut all: Vec<&str> = known.iter().flat_map(|list| list.iter().copied()).collect();
+        all.sort_unstable();
+        Err(Error::invalid(
+            "url",
+            format!("{self}: unknown option `{name}`; known: {}", all.join(", ")),
+        ))
+    }
+
     /// The client certificate's and key's files (`cert_file`, `key_file`),
     /// if the URL names them: both or neither, or an error naming the one
     /// missing.
@@ -247,6 +262,21 @@ mod tests {
             u.millis_param("timeout_ms").unwrap(),
             Some(std::time::Duration::from_millis(50))
         );
+    }
+
+    #[test]
+    fn unknown_options_are_refused_naming_them_and_the_known_ones() {
+        let u = ServerUrl::parse("redis://:pw@h?a=1&typo=2").unwrap();
+        assert!(u.refuse_unknown_options(&[&["a", "typo"]]).is_ok());
+        assert!(u.refuse_unknown_options(&[&["a"], &["typo"]]).is_ok());
+        let err = u.refuse_unknown_options(&[&["b", "a"]]).unwrap_err();
+        assert!(err.is_invalid_input(), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("unknown option `typo`; known: a, b"),
+            "{text}"
+        );
+        assert!(!text.contains("pw"), "{text}");
     }
 
     #[test]

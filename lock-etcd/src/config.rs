@@ -122,19 +122,7 @@ impl EtcdOptions {
     /// These options with any the URL sets instead. An option not in
     /// [`OPTIONS`] is refused, naming it.
     pub fn from_url(mut self, url: &ServerUrl) -> Result<Self> {
-        if let Some((name, _)) = url
-            .query
-            .iter()
-            .find(|(k, _)| !OPTIONS.contains(&k.as_str()))
-        {
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "{url}: unknown option `{name}`; known: {} (TLS: `ca_file`)",
-                    OPTIONS.join(", ")
-                ),
-            ));
-        }
+        url.refuse_unknown_options(&[OPTIONS])?;
         if let Some(t) = url.millis_param("connect_timeout_ms")? {
             self.connect_timeout = t;
         }

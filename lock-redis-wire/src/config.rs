@@ -103,21 +103,7 @@ impl RedisSettings {
     /// names query options the calling backend reads itself (any other
     /// option beyond [`OPTIONS`] is refused, so a typo is not ignored).
     pub fn from_url(url: &ServerUrl, tls: bool, backend_options: &[&str]) -> Result<Self> {
-        if let Some((name, _)) = url
-            .query
-            .iter()
-            .find(|(k, _)| !OPTIONS.contains(&k.as_str()) && !backend_options.contains(&k.as_str()))
-        {
-            let mut known: Vec<&str> = OPTIONS.iter().chain(backend_options).copied().collect();
-            known.sort_unstable();
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "{url}: unknown option `{name}`; known: {}",
-                    known.join(", ")
-                ),
-            ));
-        }
+        url.refuse_unknown_options(&[OPTIONS, backend_options])?;
         let db = match url.path.as_str() {
             "" => 0,
             path => path

@@ -12,6 +12,9 @@ use tempfile::TempDir;
 use crate::process::find_binary;
 use crate::redis::RedisTls;
 
+/// An openssl step's file arguments: (flag, path).
+type Files<'a> = Vec<(&'a str, PathBuf)>;
+
 /// A CA and the server and client certificates (and keys) it signed.
 #[derive(Debug)]
 pub struct TestCa {
@@ -42,45 +45,38 @@ impl TestCa {
             "ec_paramgen_curve:prime256v1",
             "-nodes",
         ];
-        let sign = vec!["x509", "-req", "-days", "1", "-CAcreateserial"];
-        let steps: [Vec<&str>; 5] = [
+        // The CA signs itself; then, for the server and the client, a key
+        // and request, and the CA's signature on it with the extensions.
+        let mut steps: Vec<(Vec<&str>, Files)> = vec![(
             [
                 &["req", "-x509"][..],
                 &ec,
                 &["-days", "1", "-subj", "/CN=lockkit test CA"],
             ]
             .concat(),
-            [&["req"][..], &ec, &["-subj", "/CN=127.0.0.1"]].concat(),
-            sign.clone(),
-            [&["req"][..], &ec, &["-subj", "/CN=lockkit test client"]].concat(),
-            sign,
-        ];
-        let files: [Vec<(&str, PathBuf)>; 5] = [
             vec![("-keyout", path("ca.key")), ("-out", path("ca.crt"))],
-            vec![
-                ("-keyout", path("server.key")),
-                ("-out", path("server.csr")),
-            ],
-            vec![
-                ("-in", path("server.csr")),
-                ("-CA", path("ca.crt")),
-                ("-CAkey", path("ca.key")),
-                ("-extfile", path("server.ext")),
-                ("-out", path("server.crt")),
-            ],
-            vec![
-                ("-keyout", path("client.key")),
-                ("-out", path("client.csr")),
-            ],
-            vec![
-                ("-in", path("client.csr")),
-                ("-CA", path("ca.crt")),
-                ("-CAkey", path("ca.key")),
-                ("-extfile", path("client.ext")),
-                ("-out", path("client.crt")),
-            ],
-        ];
-        for (args, files) in steps.iter().zip(files) {
+        )];
+        for (name, subject) in [
+            ("server", "/CN=127.0.0.1"),
+            ("client", "/CN=lockkit test client"),
+        ] {
+            let file = |ext: &str| path(&format!("{name}.{ext}"));
+            steps.push((
+                [&["req"][..], &ec, &["-subj", subject]].concat(),
+                vec![("-keyout", file("key")), ("-out", file("csr"))],
+            ));
+            steps.push((
+                vec!["x509", "-req", "-days", "1", "-CAcreateserial"],
+                vec![
+                    ("-in", file("csr")),
+                    ("-CA", path("ca.crt")),
+                    ("-CAkey", path("ca.key")),
+                    ("-extfile", file("ext")),
+                    ("-out", file("crt")),
+                ],
+            ));
+        }
+        for (args, files) in &steps {
             let mut cmd = Command::new(&openssl);
             cmd.args(args).current_dir(dir.path());
             for (flag, file) in files {
