@@ -7,9 +7,10 @@
 //! while a write lands is served late. A feed is set up once, when a waiter
 //! first finds the lock held, and lives while any waiter of this backend
 //! uses it. A contender that enqueues while the feed is live needs neither:
-//! the feed already covers every deletion after its entry was created, and
-//! the enqueue told it the entries ahead; once they are all deleted, it
-//! heads the queue. Each release then reaches this backend as one event,
+//! the feed already covers every deletion after its entry was created, each
+//! with the deleted entry's create revision, and the enqueue told it how
+//! many entries are ahead; once that many created before its own are
+//! deleted, it heads the queue. Each release then reaches this backend as one event,
 //! which only the waiter whose entry was just behind acts on.
 //!
 //! A feed that breaks (member lost, history compacted) or that a waiter
@@ -31,11 +32,23 @@ const BACKLOG: usize = 256;
 
 /// What a feed reports.
 #[derive(Debug, Clone)]
-pub(crate) enum Fed {
-    /// The entry `key` was deleted at `revision`.
-    Deleted { key: Vec<u8>, revision: i64 },
+enum Fed {
+    Deleted(Deletion),
     /// The watch ended; no deletion after this is reported.
     Broken,
+}
+
+/// An entry deleted from the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Deletion {
+    /// The entry's key.
+    pub(crate) key: Vec<u8>,
+    /// The revision it was deleted at.
+    pub(crate) revision: i64,
+    /// The revision it was created at (from the event's previous value), so
+    /// a waiter can tell an entry ahead of its own from one behind; `None`
+    /// if the member did not send it.
+    pub(crate) created: Option<i64>,
 }
 
 /// The live feeds of one backend, by queue prefix.
@@ -67,9 +80,9 @@ impl Subscription {
     /// The next deletion; `None` once the feed broke or this waiter fell
     /// behind (deletions were dropped), when the waiter must read the queue
     /// to learn where it stands.
-    pub(crate) async fn next(&mut self) -> Option<(Vec<u8>, i64)> {
+    pub(crate) async fn next(&mut self) -> Option<Deletion> {
         match self.events.recv().await {
-            Ok(Fed::Deleted { key, revision }) => Some((key, revision)),
+            Ok(Fed::Deleted(deletion)) => Some(deletion),
             Ok(Fed::Broken) | Err(_) => None,
         }
     }
@@ -106,8 +119,10 @@ impl Feeds {
         if let Some(joined) = self.join(prefix) {
             return Some(joined);
         }
+        // With each deleted entry's previous value: its create revision.
         let options = WatchOptions::new()
             .with_prefix()
+            .with_prev_key()
             .with_filters([WatchFilterType::NoPut]);
         let mut client = client.clone();
         // The client returns once the member has confirmed the watch, which
@@ -159,10 +174,11 @@ async fn forward(_watcher: Watcher, mut stream: WatchStream, ends: Ends) {
         for event in response.events() {
             if let (EventType::Delete, Some(kv)) = (event.event_type(), event.kv()) {
                 // No receiver: every waiter left while the feed winds down.
-                let _ = ends.events.send(Fed::Deleted {
+                let _ = ends.events.send(Fed::Deleted(Deletion {
                     key: kv.key().to_vec(),
                     revision: kv.mod_revision(),
-                });
+                    created: event.prev_kv().map(|before| before.create_revision()),
+                }));
             }
         }
     }
@@ -185,15 +201,35 @@ impl Drop for Ends {
     }
 }
 
+/// A subscription that reports `deletions`, then that the feed broke.
+#[cfg(test)]
+pub(crate) fn replay(deletions: Vec<Deletion>) -> Subscription {
+    let (events, receiver) = broadcast::channel(BACKLOG);
+    let feed = Arc::new(Feed {
+        events: events.clone(),
+        broken: Arc::new(AtomicBool::new(false)),
+        task: tokio::spawn(std::future::pending::<()>()).abort_handle(),
+    });
+    for deletion in deletions {
+        events.send(Fed::Deleted(deletion)).unwrap();
+    }
+    events.send(Fed::Broken).unwrap();
+    Subscription {
+        _feed: feed,
+        events: receiver,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn deleted(revision: i64) -> Fed {
-        Fed::Deleted {
+        Fed::Deleted(Deletion {
             key: b"queue/entry".to_vec(),
             revision,
-        }
+            created: Some(1),
+        })
     }
 
     /// A waiter that falls more than [`BACKLOG`] deletions behind is told
@@ -223,7 +259,7 @@ mod tests {
 
         assert_eq!(too_far.next().await, None, "BACKLOG + 1 behind");
         for revision in 2..=BACKLOG as i64 + 1 {
-            let seen = at_the_limit.next().await.map(|(_, r)| r);
+            let seen = at_the_limit.next().await.map(|d| d.revision);
             assert_eq!(seen, Some(revision), "BACKLOG behind");
         }
     }

@@ -384,7 +384,7 @@ impl EtcdBackend {
             .ok_or_else(|| backend_error("enqueue: a reply without a revision"))?;
         let head = gets(&resp).into_iter().next().flatten();
         let ahead = match resp.op_responses().into_iter().nth(2) {
-            Some(TxnOpResponse::Get(newest)) => Ahead::behind_own(&newest, &entry),
+            Some(TxnOpResponse::Get(newest)) => Ahead::at_enqueue(&newest, &entry),
             _ => None,
         }
         .unwrap_or_default();

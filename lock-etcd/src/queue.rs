@@ -15,8 +15,8 @@ use etcd_client::{
 use lock_core::LockKey;
 
 /// How many of the entries ahead of its own a waiter reads (the nearest
-/// ones). When that is all of them, the lock's feed of deletions alone tells
-/// the waiter when it heads the queue, with no read after each deletion.
+/// ones): what it watches when it has no feed, and what it follows on the
+/// feed when it does not know how many are ahead in all.
 const KNOWN_AHEAD: i64 = 16;
 
 /// Entries ahead of a waiter's own, nearest first, as read in one revision.
@@ -25,6 +25,12 @@ pub(crate) struct Ahead {
     pub(crate) keys: Vec<Vec<u8>>,
     /// True when the read found no more: these are all the entries ahead.
     pub(crate) all: bool,
+    /// How many entries are ahead in all, when known: from the enqueue,
+    /// whose read covers the whole queue at the entry's creation. A waiter
+    /// on the lock's feed then counts the deletions of entries created
+    /// before its own and heads the queue when none is left, with no read,
+    /// however long the queue.
+    pub(crate) count: Option<usize>,
 }
 
 impl Ahead {
@@ -34,7 +40,22 @@ impl Ahead {
         Ahead {
             keys: read.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
             all: !read.more(),
+            count: None,
         }
+    }
+
+    /// From the enqueue's read of the newest entries, its own first (see
+    /// [`Queue::enqueue`]); `None` if it does not start there. Every other
+    /// entry then was created before it, so the read's count of the whole
+    /// queue, less its own, is how many are ahead.
+    pub(crate) fn at_enqueue(read: &GetResponse, own: &[u8]) -> Option<Ahead> {
+        let mut ahead = Ahead::behind_own(read, own)?;
+        // A count at odds with the entries read is not trusted.
+        let listed = ahead.keys.len();
+        ahead.count = usize::try_from(read.count() - 1)
+            .ok()
+            .filter(|&n| if ahead.all { n == listed } else { n > listed });
+        Some(ahead)
     }
 
     /// From a read that starts with the waiter's own entry (the newest
@@ -45,6 +66,7 @@ impl Ahead {
         (first.key() == own).then(|| Ahead {
             keys: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
             all: !read.more(),
+            count: None,
         })
     }
 

@@ -314,15 +314,18 @@ impl EtcdBackend {
     }
 }
 
-/// Follows the feed until it tells something: every entry in `ahead` (read
-/// at revision `seen_at`) deleted after that revision makes the waiter the
-/// head when they were all the entries ahead; when they were only the
-/// nearest ones, the last deletion is reported so the waiter reads where it
-/// stands. Our `own` entry (created at `created`) deleted means it is gone.
+/// Follows the feed until it tells something. The entries `ahead` were
+/// read at revision `seen_at`; every one of them deleted after that makes
+/// the waiter the head, as does every one of `ahead.count` entries created
+/// before our `own` entry (created at `created`) when the count is known.
+/// When only the nearest entries were known, the deletion of the last of
+/// them is reported so the waiter reads where it stands. Our own entry
+/// deleted means it is gone.
 ///
 /// A deletion under one of these keys at or before `seen_at` is of an
 /// earlier entry under the same key (leases, and so keys, are reused), and
-/// entries only join behind, so nothing else can come ahead.
+/// entries only join behind, so nothing else can come ahead. Each entry
+/// ahead is deleted once, and an entry created after ours is behind it.
 async fn wait_on_feed(
     feed: &mut Subscription,
     ahead: &mut Ahead,
@@ -331,25 +334,124 @@ async fn wait_on_feed(
     created: i64,
 ) -> Learned {
     loop {
-        let Some((key, at)) = feed.next().await else {
+        let Some(gone) = feed.next().await else {
             return Learned::Broken;
         };
-        if key == own && at > created {
+        if gone.key == own && gone.revision > created {
             return Learned::Gone;
         }
-        if at <= seen_at {
+        if gone.revision <= seen_at {
             continue;
         }
-        let Some(i) = ahead.keys.iter().position(|k| *k == key) else {
-            continue;
+        let listed = match ahead.keys.iter().position(|k| *k == gone.key) {
+            Some(i) => {
+                ahead.keys.remove(i);
+                true
+            }
+            None => false,
         };
-        ahead.keys.remove(i);
+        if let Some(left) = &mut ahead.count {
+            match gone.created {
+                Some(at) => {
+                    if at < created {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            return Learned::Head;
+                        }
+                    }
+                    continue;
+                }
+                // Not told when it was created: the list decides from now.
+                None => ahead.count = None,
+            }
+        } else if !listed {
+            continue;
+        }
         if ahead.keys.is_empty() {
             return if ahead.all {
                 Learned::Head
             } else {
-                Learned::Deleted(at)
+                Learned::Deleted(gone.revision)
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::{Deletion, replay};
+
+    const OWN: &[u8] = b"queue/own";
+    /// Our entry's create revision, and the revision the entries ahead were
+    /// counted at.
+    const CREATED: i64 = 100;
+
+    fn gone(key: &str, revision: i64, created: Option<i64>) -> Deletion {
+        Deletion {
+            key: key.as_bytes().to_vec(),
+            revision,
+            created,
+        }
+    }
+
+    /// Three entries ahead, of which the enqueue listed the nearest.
+    fn three_ahead() -> Ahead {
+        Ahead {
+            keys: vec![b"queue/c".to_vec()],
+            all: false,
+            count: Some(3),
+        }
+    }
+
+    async fn learn(ahead: &mut Ahead, deletions: Vec<Deletion>) -> Learned {
+        let mut feed = replay(deletions);
+        wait_on_feed(&mut feed, ahead, CREATED, OWN, CREATED).await
+    }
+
+    #[tokio::test]
+    async fn the_waiter_heads_the_queue_once_every_entry_counted_ahead_is_deleted() {
+        let deletions = vec![
+            // An earlier entry under a reused key, deleted before ours was created.
+            gone("queue/a", 90, Some(80)),
+            gone("queue/a", 101, Some(10)),
+            // Behind ours: not counted.
+            gone("queue/late", 102, Some(101)),
+            gone("queue/b", 103, Some(20)),
+            gone("queue/c", 104, Some(30)),
+        ];
+        let mut ahead = three_ahead();
+        let learned = learn(&mut ahead, deletions.clone()).await;
+        assert!(matches!(learned, Learned::Head), "all three gone");
+
+        let mut ahead = three_ahead();
+        let learned = learn(&mut ahead, deletions[..4].to_vec()).await;
+        assert!(matches!(learned, Learned::Broken), "one still ahead");
+    }
+
+    #[tokio::test]
+    async fn a_deletion_without_its_create_revision_hands_over_to_the_list() {
+        // After it, only the listed entry tells; once it is gone, the
+        // waiter reads where it stands.
+        let mut ahead = three_ahead();
+        let learned = learn(
+            &mut ahead,
+            vec![
+                gone("queue/a", 101, Some(10)),
+                gone("queue/b", 102, None),
+                gone("queue/late", 103, Some(101)),
+                gone("queue/c", 104, Some(30)),
+            ],
+        )
+        .await;
+        assert!(matches!(learned, Learned::Deleted(104)));
+        assert_eq!(ahead.count, None);
+    }
+
+    #[tokio::test]
+    async fn the_deletion_of_our_own_entry_means_it_is_gone() {
+        let mut ahead = three_ahead();
+        let learned = learn(&mut ahead, vec![gone("queue/own", 101, Some(CREATED))]).await;
+        assert!(matches!(learned, Learned::Gone));
     }
 }
