@@ -9,9 +9,11 @@
 //! uses it. A contender that enqueues while the feed is live needs neither:
 //! the feed already covers every deletion after its entry was created, each
 //! with the deleted entry's create revision, and the enqueue told it how
-//! many entries are ahead; once that many created before its own are
-//! deleted, it heads the queue. Each release then reaches this backend as one event,
-//! which only the waiter whose entry was just behind acts on.
+//! many entries are ahead; the feed counts their deletions for it
+//! ([`crate::countdown`]) and wakes it when it heads the queue. Each release
+//! then reaches this backend as one event, which wakes only the waiter whose
+//! entry was just behind. Waiters that know only the nearest entries ahead
+//! follow every deletion themselves.
 //!
 //! A feed that breaks (member lost, history compacted) or that a waiter
 //! falls too far behind on sends its waiters back to watches of their own.
@@ -22,8 +24,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream, Watcher};
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::TryRecvError;
+use tokio::sync::{broadcast, oneshot};
 use tokio::task::AbortHandle;
+
+use crate::countdown::{Countdown, Step, Told};
 
 /// Deletions a waiter may fall behind by before it is sent back to watches
 /// of its own: far more than the waiters of one lock in one process. (The
@@ -58,9 +63,62 @@ pub(crate) struct Feeds {
 }
 
 struct Feed {
-    events: broadcast::Sender<Fed>,
-    broken: Arc<AtomicBool>,
+    outlet: Arc<Outlet>,
     task: AbortHandle,
+}
+
+/// Where a feed's deletions go: to the waiters it counts down for, and to
+/// every waiter following deletions itself. Both are served under one
+/// lock, so a waiter handing its counting over to the feed misses no
+/// deletion and counts none twice.
+struct Outlet {
+    counting: Mutex<Vec<Countdown>>,
+    events: broadcast::Sender<Fed>,
+    broken: AtomicBool,
+}
+
+impl Outlet {
+    fn new() -> (Arc<Outlet>, broadcast::Receiver<Fed>) {
+        let (events, first) = broadcast::channel(BACKLOG);
+        let outlet = Outlet {
+            counting: Mutex::default(),
+            events,
+            broken: AtomicBool::new(false),
+        };
+        (Arc::new(outlet), first)
+    }
+
+    fn counting(&self) -> std::sync::MutexGuard<'_, Vec<Countdown>> {
+        self.counting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands a deletion to the countdowns it concerns and to the waiters
+    /// following deletions themselves.
+    fn deliver(&self, gone: Deletion) {
+        let mut counting = self.counting();
+        let waiting = std::mem::take(&mut *counting);
+        for mut countdown in waiting {
+            match countdown.step(&gone) {
+                Step::Wait if countdown.listening() => counting.push(countdown),
+                Step::Tell(told) => countdown.tell(told),
+                // Unsure, or the waiter left: dropped, which tells it to
+                // read where it stands.
+                _ => {}
+            }
+        }
+        // No receiver: every such waiter left while the feed winds down.
+        let _ = self.events.send(Fed::Deleted(gone));
+    }
+
+    /// The feed ended: no deletion after this is reported.
+    fn end(&self) {
+        let mut counting = self.counting();
+        counting.clear();
+        // Marked before it is sent: a waiter joining later either sees the
+        // mark or receives the message (see `Feeds::join`).
+        self.broken.store(true, Ordering::Release);
+        let _ = self.events.send(Fed::Broken);
+    }
 }
 
 impl Drop for Feed {
@@ -76,7 +134,52 @@ pub(crate) struct Subscription {
     events: broadcast::Receiver<Fed>,
 }
 
+/// A waiter's countdown on a feed: what the feed will tell it. An error
+/// (the feed dropped the countdown) means the feed broke, the waiter fell
+/// behind, or the count became unsure: the waiter must read where it stands.
+pub(crate) struct Counted {
+    _feed: Arc<Feed>,
+    told: oneshot::Receiver<Told>,
+}
+
+impl Counted {
+    /// What the feed told, once it has; `None` if it can no longer count.
+    pub(crate) async fn told(&mut self) -> Option<Told> {
+        (&mut self.told).await.ok()
+    }
+}
+
 impl Subscription {
+    /// Hands the counting of the entries ahead of `own` (created at
+    /// revision `created`, when `left` entries were ahead) to the feed. The
+    /// deletions this subscription holds are counted first: it was taken
+    /// before the entry was created, so together with the feed's they are
+    /// every deletion since.
+    pub(crate) fn count_down(mut self, own: &[u8], created: i64, left: usize) -> Counted {
+        let (mut countdown, told) = Countdown::new(own, created, left);
+        let outlet = self._feed.outlet.clone();
+        // Held while draining: no deletion is delivered in between.
+        let mut counting = outlet.counting();
+        loop {
+            match self.events.try_recv() {
+                Ok(Fed::Deleted(gone)) => match countdown.step(&gone) {
+                    Step::Wait => continue,
+                    Step::Tell(said) => countdown.tell(said),
+                    Step::Unsure => {}
+                },
+                Err(TryRecvError::Empty) => counting.push(countdown),
+                // Broke, or fell behind: dropped, so the waiter reads.
+                Ok(Fed::Broken) | Err(_) => {}
+            }
+            break;
+        }
+        drop(counting);
+        Counted {
+            _feed: self._feed,
+            told,
+        }
+    }
+
     /// The next deletion; `None` once the feed broke or this waiter fell
     /// behind (deletions were dropped), when the waiter must read the queue
     /// to learn where it stands.
@@ -96,8 +199,8 @@ impl Feeds {
         let feed = live.get(prefix)?.upgrade()?;
         // Subscribed before looking: a feed that breaks after the look
         // reports it to this subscriber too.
-        let events = feed.events.subscribe();
-        if feed.broken.load(Ordering::Acquire) {
+        let events = feed.outlet.events.subscribe();
+        if feed.outlet.broken.load(Ordering::Acquire) {
             return None;
         }
         Some(Subscription {
@@ -133,23 +236,18 @@ impl Feeds {
                 .ok()?
                 .ok()?;
         // Subscribed before the first event is forwarded: none is missed.
-        let (sender, events) = broadcast::channel(BACKLOG);
-        let broken = Arc::new(AtomicBool::new(false));
-        let ends = Ends {
-            events: sender.clone(),
-            broken: broken.clone(),
-        };
+        let (outlet, events) = Outlet::new();
+        let ends = Ends(outlet.clone());
         let task = tokio::spawn(forward(watcher, stream, ends));
         let feed = Arc::new(Feed {
-            events: sender,
-            broken,
+            outlet,
             task: task.abort_handle(),
         });
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         // Another waiter may have set one up meanwhile: one feed per queue.
         if let Some(other) = live.get(prefix).and_then(Weak::upgrade) {
-            let events = other.events.subscribe();
-            if !other.broken.load(Ordering::Acquire) {
+            let events = other.outlet.events.subscribe();
+            if !other.outlet.broken.load(Ordering::Acquire) {
                 return Some(Subscription {
                     _feed: other,
                     events,
@@ -173,12 +271,11 @@ async fn forward(_watcher: Watcher, mut stream: WatchStream, ends: Ends) {
         }
         for event in response.events() {
             if let (EventType::Delete, Some(kv)) = (event.event_type(), event.kv()) {
-                // No receiver: every waiter left while the feed winds down.
-                let _ = ends.events.send(Fed::Deleted(Deletion {
+                ends.0.deliver(Deletion {
                     key: kv.key().to_vec(),
                     revision: kv.mod_revision(),
                     created: event.prev_kv().map(|before| before.create_revision()),
-                }));
+                });
             }
         }
     }
@@ -187,42 +284,25 @@ async fn forward(_watcher: Watcher, mut stream: WatchStream, ends: Ends) {
 /// Marks the feed broken and tells its waiters when the forwarding task
 /// ends, however it ends: the watch ended, the task was aborted, panicked,
 /// or its runtime shut down.
-struct Ends {
-    events: broadcast::Sender<Fed>,
-    broken: Arc<AtomicBool>,
-}
+struct Ends(Arc<Outlet>);
 
 impl Drop for Ends {
     fn drop(&mut self) {
-        // Marked before it is sent: a waiter joining later either sees the
-        // mark or receives the message (see `Feeds::join`).
-        self.broken.store(true, Ordering::Release);
-        let _ = self.events.send(Fed::Broken);
-    }
-}
-
-/// A subscription that reports `deletions`, then that the feed broke.
-#[cfg(test)]
-pub(crate) fn replay(deletions: Vec<Deletion>) -> Subscription {
-    let (events, receiver) = broadcast::channel(BACKLOG);
-    let feed = Arc::new(Feed {
-        events: events.clone(),
-        broken: Arc::new(AtomicBool::new(false)),
-        task: tokio::spawn(std::future::pending::<()>()).abort_handle(),
-    });
-    for deletion in deletions {
-        events.send(Fed::Deleted(deletion)).unwrap();
-    }
-    events.send(Fed::Broken).unwrap();
-    Subscription {
-        _feed: feed,
-        events: receiver,
+        self.0.end();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A feed of `outlet` with no watch behind it.
+    fn idle_feed(outlet: Arc<Outlet>) -> Arc<Feed> {
+        Arc::new(Feed {
+            outlet,
+            task: tokio::spawn(std::future::pending::<()>()).abort_handle(),
+        })
+    }
 
     fn deleted(revision: i64) -> Fed {
         Fed::Deleted(Deletion {
@@ -232,18 +312,68 @@ mod tests {
         })
     }
 
+    fn gone(key: &str, revision: i64, created: i64) -> Deletion {
+        Deletion {
+            key: key.as_bytes().to_vec(),
+            revision,
+            created: Some(created),
+        }
+    }
+
+    /// A subscription taken before our entry (created at revision 100, with
+    /// two entries ahead) handed its counting to the feed: the deletion it
+    /// already held and the ones delivered after are each counted once, and
+    /// only the last one ahead wakes it.
+    #[tokio::test]
+    async fn a_countdown_counts_what_the_subscription_held_and_what_came_after() {
+        let (outlet, first) = Outlet::new();
+        let subscription = Subscription {
+            _feed: idle_feed(outlet.clone()),
+            events: first,
+        };
+        outlet.deliver(gone("queue/a", 101, 10));
+        let mut counted = subscription.count_down(b"queue/own", 100, 2);
+        assert_eq!(outlet.counting().len(), 1, "waiting for one more");
+        outlet.deliver(gone("queue/behind", 102, 101));
+        assert_eq!(outlet.counting().len(), 1, "an entry behind is not counted");
+        outlet.deliver(gone("queue/b", 103, 20));
+        assert_eq!(counted.told().await, Some(Told::Head));
+        assert!(outlet.counting().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_countdown_ends_with_the_feed_or_its_waiter() {
+        let (outlet, first) = Outlet::new();
+        let waiter = |events| Subscription {
+            _feed: idle_feed(outlet.clone()),
+            events,
+        };
+        let mut stays = waiter(first).count_down(b"queue/own", 100, 2);
+        let leaves = waiter(outlet.events.subscribe()).count_down(b"queue/other", 100, 2);
+        drop(leaves);
+        outlet.deliver(gone("queue/behind", 102, 101));
+        assert_eq!(
+            outlet.counting().len(),
+            1,
+            "the waiter that left is dropped"
+        );
+        outlet.end();
+        assert_eq!(
+            stays.told().await,
+            None,
+            "the feed ended: read where it stands"
+        );
+    }
+
     /// A waiter that falls more than [`BACKLOG`] deletions behind is told
     /// to read the queue (`None`), as when the feed breaks, rather than
     /// handed a later deletion as if it were the next one; one exactly
     /// [`BACKLOG`] behind still gets every deletion, in order.
     #[tokio::test]
     async fn a_waiter_too_far_behind_is_sent_back_to_the_queue() {
-        let (events, first) = broadcast::channel(BACKLOG);
-        let feed = Arc::new(Feed {
-            events: events.clone(),
-            broken: Arc::new(AtomicBool::new(false)),
-            task: tokio::spawn(std::future::pending::<()>()).abort_handle(),
-        });
+        let (outlet, first) = Outlet::new();
+        let events = outlet.events.clone();
+        let feed = idle_feed(outlet);
         let mut too_far = Subscription {
             _feed: feed.clone(),
             events: first,

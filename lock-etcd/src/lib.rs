@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod countdown;
 mod errors;
 mod feed;
 mod lease_pool;

@@ -26,10 +26,10 @@ pub(crate) struct Ahead {
     /// True when the read found no more: these are all the entries ahead.
     pub(crate) all: bool,
     /// How many entries are ahead in all, when known: from the enqueue,
-    /// whose read covers the whole queue at the entry's creation. A waiter
-    /// on the lock's feed then counts the deletions of entries created
-    /// before its own and heads the queue when none is left, with no read,
-    /// however long the queue.
+    /// whose read covers the whole queue at the entry's creation. The lock's
+    /// feed then counts the deletions of entries created before the
+    /// waiter's own and wakes it when none is left, with no read, however
+    /// long the queue ([`crate::countdown`]).
     pub(crate) count: Option<usize>,
 }
 

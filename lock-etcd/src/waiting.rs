@@ -9,7 +9,8 @@ use etcd_client::TxnOpResponse;
 use lock_core::{Error, Grant, LockKey, Result, Waiting};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::feed::Subscription;
+use crate::countdown::Told;
+use crate::feed::{Counted, Subscription};
 use crate::queue::{Ahead, Queue};
 use crate::wake::{self, Watched};
 use crate::{Entry, EtcdBackend, backend_error};
@@ -26,6 +27,8 @@ enum Place {
 
 /// What wakes the waiter when an entry ahead goes.
 enum Wake {
+    /// The lock's feed, counting down the entries ahead for the waiter.
+    Counted(Counted),
     /// The lock's feed, and the entries ahead with the revision they were
     /// read at, once known: the feed reports every deletion after that.
     Feed(Subscription, Option<(Ahead, i64)>),
@@ -70,7 +73,10 @@ impl EtcdBackend {
         let mut wake = match joined {
             // Joined before the entry was created: the enqueue's read of the
             // entries ahead is covered.
-            Some(feed) if !ahead.keys.is_empty() => Wake::Feed(feed, Some((ahead, entry.revision))),
+            Some(feed) if !ahead.keys.is_empty() => match ahead.count {
+                Some(left) => Wake::Counted(feed.count_down(&entry.entry, entry.revision, left)),
+                None => Wake::Feed(feed, Some((ahead, entry.revision))),
+            },
             other => {
                 drop(other);
                 let client = self.client();
@@ -97,6 +103,8 @@ impl EtcdBackend {
                     Some(Place::Behind(ahead, seen_at)) => match &mut wake {
                         Wake::Feed(_, known) => *known = Some((ahead, seen_at)),
                         Wake::Own(watching) => *watching = ahead.nearest().map(<[u8]>::to_vec),
+                        // A countdown reports no single deletion to read after.
+                        Wake::Counted(_) => {}
                     },
                     None => {
                         if let Wake::Feed(_, known) = &mut wake {
@@ -107,6 +115,7 @@ impl EtcdBackend {
             }
             let mut own_watch = None;
             let needs_check = match &wake {
+                Wake::Counted(_) => false,
                 Wake::Feed(_, known) => known.is_none(),
                 Wake::Own(watching) => {
                     // The watch is set up before the check (not from the
@@ -165,6 +174,7 @@ impl EtcdBackend {
                     return self.grant_head(key, entry, refreshed, ttl).await;
                 };
                 match &mut wake {
+                    Wake::Counted(_) => {}
                     // The feed was registered before the check: it reports
                     // every deletion after the check's revision.
                     Wake::Feed(_, known) => *known = Some((ahead, revision)),
@@ -183,6 +193,11 @@ impl EtcdBackend {
                 let own = entry.entry.as_slice();
                 let news = async {
                     match &mut wake {
+                        Wake::Counted(counted) => match counted.told().await {
+                            Some(Told::Head) => Learned::Head,
+                            Some(Told::Gone) => Learned::Gone,
+                            None => Learned::Broken,
+                        },
                         Wake::Feed(feed, Some((ahead, seen_at))) => {
                             wait_on_feed(feed, ahead, *seen_at, own, entry.revision).await
                         }
@@ -211,9 +226,9 @@ impl EtcdBackend {
                     }
                     deleted_at = Some(at);
                 }
-                // The feed broke or fell behind: watches of our own, after a
-                // check.
-                Learned::Broken if matches!(wake, Wake::Feed(..)) => {
+                // The feed broke, fell behind or could not count: watches of
+                // our own, after a check.
+                Learned::Broken if matches!(wake, Wake::Feed(..) | Wake::Counted(_)) => {
                     wake = Wake::Own(None);
                 }
                 // Read again after a pause; a broken watch must not spin.
@@ -314,18 +329,15 @@ impl EtcdBackend {
     }
 }
 
-/// Follows the feed until it tells something. The entries `ahead` were
-/// read at revision `seen_at`; every one of them deleted after that makes
-/// the waiter the head, as does every one of `ahead.count` entries created
-/// before our `own` entry (created at `created`) when the count is known.
-/// When only the nearest entries were known, the deletion of the last of
-/// them is reported so the waiter reads where it stands. Our own entry
-/// deleted means it is gone.
+/// Follows the feed until it tells something: every entry in `ahead` (read
+/// at revision `seen_at`) deleted after that revision makes the waiter the
+/// head when they were all the entries ahead; when they were only the
+/// nearest ones, the last deletion is reported so the waiter reads where it
+/// stands. Our `own` entry (created at `created`) deleted means it is gone.
 ///
 /// A deletion under one of these keys at or before `seen_at` is of an
 /// earlier entry under the same key (leases, and so keys, are reused), and
-/// entries only join behind, so nothing else can come ahead. Each entry
-/// ahead is deleted once, and an entry created after ours is behind it.
+/// entries only join behind, so nothing else can come ahead.
 async fn wait_on_feed(
     feed: &mut Subscription,
     ahead: &mut Ahead,
@@ -343,30 +355,10 @@ async fn wait_on_feed(
         if gone.revision <= seen_at {
             continue;
         }
-        let listed = match ahead.keys.iter().position(|k| *k == gone.key) {
-            Some(i) => {
-                ahead.keys.remove(i);
-                true
-            }
-            None => false,
-        };
-        if let Some(left) = &mut ahead.count {
-            match gone.created {
-                Some(at) => {
-                    if at < created {
-                        *left = left.saturating_sub(1);
-                        if *left == 0 {
-                            return Learned::Head;
-                        }
-                    }
-                    continue;
-                }
-                // Not told when it was created: the list decides from now.
-                None => ahead.count = None,
-            }
-        } else if !listed {
+        let Some(i) = ahead.keys.iter().position(|k| *k == gone.key) else {
             continue;
-        }
+        };
+        ahead.keys.remove(i);
         if ahead.keys.is_empty() {
             return if ahead.all {
                 Learned::Head
@@ -374,84 +366,5 @@ async fn wait_on_feed(
                 Learned::Deleted(gone.revision)
             };
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::feed::{Deletion, replay};
-
-    const OWN: &[u8] = b"queue/own";
-    /// Our entry's create revision, and the revision the entries ahead were
-    /// counted at.
-    const CREATED: i64 = 100;
-
-    fn gone(key: &str, revision: i64, created: Option<i64>) -> Deletion {
-        Deletion {
-            key: key.as_bytes().to_vec(),
-            revision,
-            created,
-        }
-    }
-
-    /// Three entries ahead, of which the enqueue listed the nearest.
-    fn three_ahead() -> Ahead {
-        Ahead {
-            keys: vec![b"queue/c".to_vec()],
-            all: false,
-            count: Some(3),
-        }
-    }
-
-    async fn learn(ahead: &mut Ahead, deletions: Vec<Deletion>) -> Learned {
-        let mut feed = replay(deletions);
-        wait_on_feed(&mut feed, ahead, CREATED, OWN, CREATED).await
-    }
-
-    #[tokio::test]
-    async fn the_waiter_heads_the_queue_once_every_entry_counted_ahead_is_deleted() {
-        let deletions = vec![
-            // An earlier entry under a reused key, deleted before ours was created.
-            gone("queue/a", 90, Some(80)),
-            gone("queue/a", 101, Some(10)),
-            // Behind ours: not counted.
-            gone("queue/late", 102, Some(101)),
-            gone("queue/b", 103, Some(20)),
-            gone("queue/c", 104, Some(30)),
-        ];
-        let mut ahead = three_ahead();
-        let learned = learn(&mut ahead, deletions.clone()).await;
-        assert!(matches!(learned, Learned::Head), "all three gone");
-
-        let mut ahead = three_ahead();
-        let learned = learn(&mut ahead, deletions[..4].to_vec()).await;
-        assert!(matches!(learned, Learned::Broken), "one still ahead");
-    }
-
-    #[tokio::test]
-    async fn a_deletion_without_its_create_revision_hands_over_to_the_list() {
-        // After it, only the listed entry tells; once it is gone, the
-        // waiter reads where it stands.
-        let mut ahead = three_ahead();
-        let learned = learn(
-            &mut ahead,
-            vec![
-                gone("queue/a", 101, Some(10)),
-                gone("queue/b", 102, None),
-                gone("queue/late", 103, Some(101)),
-                gone("queue/c", 104, Some(30)),
-            ],
-        )
-        .await;
-        assert!(matches!(learned, Learned::Deleted(104)));
-        assert_eq!(ahead.count, None);
-    }
-
-    #[tokio::test]
-    async fn the_deletion_of_our_own_entry_means_it_is_gone() {
-        let mut ahead = three_ahead();
-        let learned = learn(&mut ahead, vec![gone("queue/own", 101, Some(CREATED))]).await;
-        assert!(matches!(learned, Learned::Gone));
     }
 }
