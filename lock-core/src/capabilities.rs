@@ -238,7 +238,8 @@ pub enum WakeUp {
     InProcess,
     /// A release message on a pub/sub channel (Redis), polling as backstop.
     PubSub,
-    /// A watch on the key ahead in a queue (etcd).
+    /// A watch of the lock's queue (etcd): one per lock and client, waking
+    /// only the waiter a release puts at the head.
     Watch,
     /// The server blocks the waiter until the lock is free (PostgreSQL).
     ServerBlocking,
@@ -250,7 +251,7 @@ impl fmt::Display for WakeUp {
             WakeUp::Polling => "polling",
             WakeUp::InProcess => "in-process notification",
             WakeUp::PubSub => "pub/sub release message",
-            WakeUp::Watch => "watch on the key ahead",
+            WakeUp::Watch => "watch of the lock's queue",
             WakeUp::ServerBlocking => "blocking in the server",
         })
     }
