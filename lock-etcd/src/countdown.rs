@@ -68,6 +68,7 @@ impl Countdown {
         }
         match gone.created {
             Some(at) if at < self.created => {
+                debug_assert!(self.left > 0, "more entries ahead deleted than counted");
                 self.left = self.left.saturating_sub(1);
                 if self.left == 0 {
                     Step::Tell(Told::Head)

@@ -341,6 +341,29 @@ mod tests {
         assert!(outlet.counting().is_empty());
     }
 
+    /// The deletions the subscription held may finish the count, or hold
+    /// the feed's end: either is told at once, and nothing is left counting.
+    #[tokio::test]
+    async fn a_countdown_can_finish_on_what_the_subscription_held() {
+        let (outlet, first) = Outlet::new();
+        let subscription = Subscription {
+            _feed: idle_feed(outlet.clone()),
+            events: first,
+        };
+        outlet.deliver(gone("queue/a", 101, 10));
+        let mut counted = subscription.count_down(b"queue/own", 100, 1);
+        assert_eq!(counted.told().await, Some(Told::Head));
+
+        let late = Subscription {
+            _feed: idle_feed(outlet.clone()),
+            events: outlet.events.subscribe(),
+        };
+        outlet.end();
+        let mut counted = late.count_down(b"queue/own", 100, 1);
+        assert_eq!(counted.told().await, None, "the feed had ended");
+        assert!(outlet.counting().is_empty());
+    }
+
     #[tokio::test]
     async fn a_countdown_ends_with_the_feed_or_its_waiter() {
         let (outlet, first) = Outlet::new();
