@@ -93,45 +93,60 @@ async fn the_waiters_on_a_lock_share_one_watch() {
     );
 }
 
+/// Both kinds of waiter on a feed that breaks fall back to watches of their
+/// own: the first, which set the feed up after its entry and follows the
+/// entry ahead, and the second, which joined it before its entry and handed
+/// its count of the entries ahead to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_waiter_whose_feed_broke_is_still_woken_by_the_release() {
+async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
     let (cluster, backend, locker) = on_private_cluster().await;
     let key = "broken-feed";
     let holder = locker.try_acquire(key, TTL).await.expect("holder");
     let before = watch_streams(&cluster);
-    let waiter = {
+    let waiter = || {
         let locker = locker.clone();
         tokio::spawn(async move {
-            locker
+            let lease = locker
                 .acquire(key, TTL, Duration::from_secs(60))
                 .await
-                .expect("acquire after the restart")
+                .expect("acquire after the restart");
+            let token = lease.fencing_token();
+            locker.release(lease).await.expect("release");
+            token
         })
     };
-    until("the waiter's feed", || async {
+    let first = waiter();
+    until("the first waiter's feed", || async {
         watch_streams(&cluster) > before
+    })
+    .await;
+    let second = waiter();
+    until("the second waiter in the queue", || async {
+        backend.queue_len(key).await.expect("queue length") == 3
     })
     .await;
 
     // The restart ends every stream to the member, the feed's too; the
-    // holder's lease and entry outlive it.
+    // leases and entries outlive it.
     let member = cluster.member(0);
     tokio::task::block_in_place(|| member.restart()).expect("restart the member");
+    let held = holder.fencing_token();
     locker
         .release(holder)
         .await
         .expect("release after the restart");
 
-    let granted = tokio::time::timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter is granted once the holder released")
-        .expect("waiter panicked");
-    assert_eq!(
-        backend
-            .holder(key)
+    let mut tokens = vec![held];
+    for (name, w) in [("first", first), ("second", second)] {
+        let token = tokio::time::timeout(Duration::from_secs(30), w)
             .await
-            .expect("holder")
-            .map(|h| h.fencing_token),
-        Some(granted.fencing_token())
+            .unwrap_or_else(|_| panic!("the {name} waiter is granted once the one ahead released"))
+            .expect("waiter panicked");
+        tokens.push(token);
+    }
+    assert!(
+        tokens.windows(2).all(|t| t[0] < t[1]),
+        "granted in queue order: {tokens:?}"
     );
+    assert_eq!(backend.queue_len(key).await.expect("queue length"), 0);
 }
