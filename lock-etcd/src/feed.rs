@@ -304,6 +304,14 @@ mod tests {
         })
     }
 
+    /// A waiter's place on `outlet`'s feed, receiving `events`.
+    fn subscription(outlet: &Arc<Outlet>, events: broadcast::Receiver<Fed>) -> Subscription {
+        Subscription {
+            _feed: idle_feed(outlet.clone()),
+            events,
+        }
+    }
+
     fn deleted(revision: i64) -> Fed {
         Fed::Deleted(Deletion {
             key: b"queue/entry".to_vec(),
@@ -327,12 +335,9 @@ mod tests {
     #[tokio::test]
     async fn a_countdown_counts_what_the_subscription_held_and_what_came_after() {
         let (outlet, first) = Outlet::new();
-        let subscription = Subscription {
-            _feed: idle_feed(outlet.clone()),
-            events: first,
-        };
+        let waiter = subscription(&outlet, first);
         outlet.deliver(gone("queue/a", 101, 10));
-        let mut counted = subscription.count_down(b"queue/own", 100, 2);
+        let mut counted = waiter.count_down(b"queue/own", 100, 2);
         assert_eq!(outlet.counting().len(), 1, "waiting for one more");
         outlet.deliver(gone("queue/behind", 102, 101));
         assert_eq!(outlet.counting().len(), 1, "an entry behind is not counted");
@@ -346,18 +351,12 @@ mod tests {
     #[tokio::test]
     async fn a_countdown_can_finish_on_what_the_subscription_held() {
         let (outlet, first) = Outlet::new();
-        let subscription = Subscription {
-            _feed: idle_feed(outlet.clone()),
-            events: first,
-        };
+        let waiter = subscription(&outlet, first);
         outlet.deliver(gone("queue/a", 101, 10));
-        let mut counted = subscription.count_down(b"queue/own", 100, 1);
+        let mut counted = waiter.count_down(b"queue/own", 100, 1);
         assert_eq!(counted.told().await, Some(Told::Head));
 
-        let late = Subscription {
-            _feed: idle_feed(outlet.clone()),
-            events: outlet.events.subscribe(),
-        };
+        let late = subscription(&outlet, outlet.events.subscribe());
         outlet.end();
         let mut counted = late.count_down(b"queue/own", 100, 1);
         assert_eq!(counted.told().await, None, "the feed had ended");
@@ -367,12 +366,9 @@ mod tests {
     #[tokio::test]
     async fn a_countdown_ends_with_the_feed_or_its_waiter() {
         let (outlet, first) = Outlet::new();
-        let waiter = |events| Subscription {
-            _feed: idle_feed(outlet.clone()),
-            events,
-        };
-        let mut stays = waiter(first).count_down(b"queue/own", 100, 2);
-        let leaves = waiter(outlet.events.subscribe()).count_down(b"queue/other", 100, 2);
+        let mut stays = subscription(&outlet, first).count_down(b"queue/own", 100, 2);
+        let leaves =
+            subscription(&outlet, outlet.events.subscribe()).count_down(b"queue/other", 100, 2);
         drop(leaves);
         outlet.deliver(gone("queue/behind", 102, 101));
         assert_eq!(
@@ -396,16 +392,9 @@ mod tests {
     async fn a_waiter_too_far_behind_is_sent_back_to_the_queue() {
         let (outlet, first) = Outlet::new();
         let events = outlet.events.clone();
-        let feed = idle_feed(outlet);
-        let mut too_far = Subscription {
-            _feed: feed.clone(),
-            events: first,
-        };
+        let mut too_far = subscription(&outlet, first);
         events.send(deleted(1)).unwrap();
-        let mut at_the_limit = Subscription {
-            _feed: feed,
-            events: events.subscribe(),
-        };
+        let mut at_the_limit = subscription(&outlet, events.subscribe());
         for revision in 2..=BACKLOG as i64 + 1 {
             events.send(deleted(revision)).unwrap();
         }
