@@ -96,15 +96,9 @@ impl Outlet {
     /// following deletions themselves.
     fn deliver(&self, gone: Deletion) {
         let mut counting = self.counting();
-        let waiting = std::mem::take(&mut *counting);
-        for mut countdown in waiting {
-            match countdown.step(&gone) {
-                Step::Wait if countdown.listening() => counting.push(countdown),
-                Step::Tell(told) => countdown.tell(told),
-                // Unsure, or the waiter left: dropped, which tells it to
-                // read where it stands.
-                _ => {}
-            }
+        for mut countdown in std::mem::take(&mut *counting) {
+            let step = countdown.step(&gone);
+            settle(&mut counting, countdown, step);
         }
         // No receiver: every such waiter left while the feed winds down.
         let _ = self.events.send(Fed::Deleted(gone));
@@ -118,6 +112,17 @@ impl Outlet {
         // mark or receives the message (see `Feeds::join`).
         self.broken.store(true, Ordering::Release);
         let _ = self.events.send(Fed::Broken);
+    }
+}
+
+/// Keeps a countdown still waiting for a waiter still listening, tells one
+/// that is done, and drops the others (unsure, or the waiter left), which
+/// tells the waiter to read where it stands.
+fn settle(counting: &mut Vec<Countdown>, countdown: Countdown, step: Step) {
+    match step {
+        Step::Wait if countdown.listening() => counting.push(countdown),
+        Step::Tell(told) => countdown.tell(told),
+        _ => {}
     }
 }
 
@@ -160,19 +165,18 @@ impl Subscription {
         let outlet = self._feed.outlet.clone();
         // Held while draining: no deletion is delivered in between.
         let mut counting = outlet.counting();
-        loop {
+        let step = loop {
             match self.events.try_recv() {
                 Ok(Fed::Deleted(gone)) => match countdown.step(&gone) {
-                    Step::Wait => continue,
-                    Step::Tell(said) => countdown.tell(said),
-                    Step::Unsure => {}
+                    Step::Wait => {}
+                    done => break done,
                 },
-                Err(TryRecvError::Empty) => counting.push(countdown),
-                // Broke, or fell behind: dropped, so the waiter reads.
-                Ok(Fed::Broken) | Err(_) => {}
+                Err(TryRecvError::Empty) => break Step::Wait,
+                // Broke, or fell behind.
+                Ok(Fed::Broken) | Err(_) => break Step::Unsure,
             }
-            break;
-        }
+        };
+        settle(&mut counting, countdown, step);
         drop(counting);
         Counted {
             _feed: self._feed,
