@@ -55,29 +55,36 @@ impl Countdown {
         (countdown, told)
     }
 
-    /// Counts one deletion. Deletions at or before our entry's creation are
-    /// of earlier entries (leases, and so keys, are reused) and were not
-    /// counted; entries only join behind, each entry ahead is deleted once,
-    /// and an entry created after ours is behind it.
-    pub(crate) fn step(&mut self, gone: &Deletion) -> Step {
-        if gone.revision <= self.created {
+    /// Counts one revision's deletions. Deletions at or before our entry's
+    /// creation are of earlier entries (leases, and so keys, are reused)
+    /// and were not counted; entries only join behind, each entry ahead is
+    /// deleted once, and an entry created after ours is behind it. Our own
+    /// entry deleted in the same revision as the last one ahead means it is
+    /// gone, whatever order the transaction deleted them in.
+    pub(crate) fn step(&mut self, at_once: &[Deletion]) -> Step {
+        let Some(revision) = at_once.first().map(|gone| gone.revision) else {
+            return Step::Wait;
+        };
+        if revision <= self.created {
             return Step::Wait;
         }
-        if gone.key == self.own {
+        if at_once.iter().any(|gone| gone.key == self.own) {
             return Step::Tell(Told::Gone);
         }
-        match gone.created {
-            Some(at) if at < self.created => {
-                debug_assert!(self.left > 0, "more entries ahead deleted than counted");
-                self.left = self.left.saturating_sub(1);
-                if self.left == 0 {
-                    Step::Tell(Told::Head)
-                } else {
-                    Step::Wait
+        for gone in at_once {
+            match gone.created {
+                Some(at) if at < self.created => {
+                    debug_assert!(self.left > 0, "more entries ahead deleted than counted");
+                    self.left = self.left.saturating_sub(1);
                 }
+                Some(_) => {}
+                None => return Step::Unsure,
             }
-            Some(_) => Step::Wait,
-            None => Step::Unsure,
+        }
+        if self.left == 0 {
+            Step::Tell(Told::Head)
+        } else {
+            Step::Wait
         }
     }
 
@@ -109,21 +116,26 @@ mod tests {
         }
     }
 
-    fn steps(deletions: &[Deletion]) -> Vec<Step> {
+    /// The steps of a countdown with 3 entries ahead, one revision's
+    /// deletions at a time.
+    fn steps(revisions: &[&[Deletion]]) -> Vec<Step> {
         let (mut countdown, _told) = Countdown::new(OWN, CREATED, 3);
-        deletions.iter().map(|d| countdown.step(d)).collect()
+        revisions
+            .iter()
+            .map(|at_once| countdown.step(at_once))
+            .collect()
     }
 
     #[test]
     fn the_waiter_heads_the_queue_once_every_entry_ahead_is_deleted() {
         let steps = steps(&[
             // An earlier entry under a reused key, deleted before ours was created.
-            gone("queue/a", 90, Some(80)),
-            gone("queue/a", 101, Some(10)),
+            &[gone("queue/a", 90, Some(80))],
+            &[gone("queue/a", 101, Some(10))],
             // Behind ours: not counted.
-            gone("queue/late", 102, Some(101)),
-            gone("queue/b", 103, Some(20)),
-            gone("queue/c", 104, Some(30)),
+            &[gone("queue/late", 102, Some(101))],
+            &[gone("queue/b", 103, Some(20))],
+            &[gone("queue/c", 104, Some(30))],
         ]);
         use Step::*;
         assert_eq!(steps, [Wait, Wait, Wait, Wait, Tell(Told::Head)]);
@@ -133,15 +145,49 @@ mod tests {
     fn the_deletion_of_our_own_entry_means_it_is_gone() {
         let steps = steps(&[
             // Our key, reused: an earlier entry's deletion.
-            gone("queue/own", 99, Some(50)),
-            gone("queue/own", 101, Some(CREATED)),
+            &[gone("queue/own", 99, Some(50))],
+            &[gone("queue/own", 101, Some(CREATED))],
         ]);
         assert_eq!(steps, [Step::Wait, Step::Tell(Told::Gone)]);
     }
 
+    /// One transaction deleting the entries ahead and then ours: the lock
+    /// did not pass to us, our entry is gone.
+    #[test]
+    fn our_entry_deleted_with_the_last_ones_ahead_is_gone() {
+        let steps = steps(&[
+            &[gone("queue/a", 101, Some(10))],
+            &[
+                gone("queue/b", 102, Some(20)),
+                gone("queue/c", 102, Some(30)),
+                gone("queue/own", 102, Some(CREATED)),
+            ],
+        ]);
+        assert_eq!(steps, [Step::Wait, Step::Tell(Told::Gone)]);
+    }
+
+    /// Several entries ahead deleted in one revision count as many.
+    #[test]
+    fn entries_ahead_deleted_together_each_count() {
+        let steps = steps(&[
+            &[
+                gone("queue/a", 101, Some(10)),
+                gone("queue/b", 101, Some(20)),
+            ],
+            &[
+                gone("queue/late", 102, Some(101)),
+                gone("queue/c", 102, Some(30)),
+            ],
+        ]);
+        assert_eq!(steps, [Step::Wait, Step::Tell(Told::Head)]);
+    }
+
     #[test]
     fn a_deletion_without_its_create_revision_leaves_the_count_unsure() {
-        let steps = steps(&[gone("queue/a", 101, Some(10)), gone("queue/b", 102, None)]);
+        let steps = steps(&[
+            &[gone("queue/a", 101, Some(10))],
+            &[gone("queue/b", 102, None)],
+        ]);
         assert_eq!(steps, [Step::Wait, Step::Unsure]);
     }
 }

@@ -38,10 +38,18 @@ const BACKLOG: usize = 256;
 /// What a feed reports.
 #[derive(Debug, Clone)]
 enum Fed {
-    Deleted(Deletion),
+    /// The entries deleted at one revision, in the order of the watch.
+    Deleted(AtOnce),
     /// The watch ended; no deletion after this is reported.
     Broken,
 }
+
+/// The entries deleted from the queue at one revision: one, or several
+/// deleted by one transaction (an operator's range delete, say). A watch
+/// never splits a revision's events, and a waiter takes them together, so
+/// that its own entry deleted alongside the last one ahead of it is never
+/// mistaken for the lock passing to it.
+pub(crate) type AtOnce = Arc<[Deletion]>;
 
 /// An entry deleted from the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,9 +100,9 @@ impl Outlet {
         self.counting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands a deletion to the countdowns it concerns and to the waiters
+    /// Hands one revision's deletions to the countdowns and to the waiters
     /// following deletions themselves.
-    fn deliver(&self, gone: Deletion) {
+    fn deliver(&self, gone: AtOnce) {
         let mut counting = self.counting();
         for mut countdown in std::mem::take(&mut *counting) {
             let step = countdown.step(&gone);
@@ -184,10 +192,10 @@ impl Subscription {
         }
     }
 
-    /// The next deletion; `None` once the feed broke or this waiter fell
-    /// behind (deletions were dropped), when the waiter must read the queue
-    /// to learn where it stands.
-    pub(crate) async fn next(&mut self) -> Option<Deletion> {
+    /// The next revision's deletions; `None` once the feed broke or this
+    /// waiter fell behind (deletions were dropped), when the waiter must
+    /// read the queue to learn where it stands.
+    pub(crate) async fn next(&mut self) -> Option<AtOnce> {
         match self.events.recv().await {
             Ok(Fed::Deleted(deletion)) => Some(deletion),
             Ok(Fed::Broken) | Err(_) => None,
@@ -273,16 +281,31 @@ async fn forward(_watcher: Watcher, mut stream: WatchStream, ends: Ends) {
         if response.canceled() || response.compact_revision() > 0 {
             break;
         }
-        for event in response.events() {
-            if let (EventType::Delete, Some(kv)) = (event.event_type(), event.kv()) {
-                ends.0.deliver(Deletion {
+        let deleted: Vec<Deletion> = response
+            .events()
+            .iter()
+            .filter(|event| event.event_type() == EventType::Delete)
+            .filter_map(|event| {
+                let kv = event.kv()?;
+                Some(Deletion {
                     key: kv.key().to_vec(),
                     revision: kv.mod_revision(),
                     created: event.prev_kv().map(|before| before.create_revision()),
-                });
-            }
+                })
+            })
+            .collect();
+        for at_once in by_revision(&deleted) {
+            ends.0.deliver(at_once);
         }
     }
+}
+
+/// A watch response's deletions, one revision's at a time (a response may
+/// carry several revisions, in order, and never part of one).
+fn by_revision(deleted: &[Deletion]) -> impl Iterator<Item = AtOnce> + '_ {
+    deleted
+        .chunk_by(|a, b| a.revision == b.revision)
+        .map(AtOnce::from)
 }
 
 /// Marks the feed broken and tells its waiters when the forwarding task
@@ -317,19 +340,34 @@ mod tests {
     }
 
     fn deleted(revision: i64) -> Fed {
-        Fed::Deleted(Deletion {
-            key: b"queue/entry".to_vec(),
-            revision,
-            created: Some(1),
-        })
+        Fed::Deleted(gone("queue/entry", revision, 1))
     }
 
-    fn gone(key: &str, revision: i64, created: i64) -> Deletion {
+    /// One entry deleted alone at `revision`.
+    fn gone(key: &str, revision: i64, created: i64) -> AtOnce {
+        AtOnce::from([deletion(key, revision, created)])
+    }
+
+    fn deletion(key: &str, revision: i64, created: i64) -> Deletion {
         Deletion {
             key: key.as_bytes().to_vec(),
             revision,
             created: Some(created),
         }
+    }
+
+    #[test]
+    fn a_responses_deletions_are_handed_out_one_revision_at_a_time() {
+        let response = [
+            deletion("queue/a", 7, 1),
+            deletion("queue/b", 8, 2),
+            deletion("queue/c", 8, 3),
+            deletion("queue/d", 9, 4),
+        ];
+        let revisions: Vec<Vec<i64>> = by_revision(&response)
+            .map(|at_once| at_once.iter().map(|d| d.created.unwrap()).collect())
+            .collect();
+        assert_eq!(revisions, [vec![1], vec![2, 3], vec![4]]);
     }
 
     /// A subscription taken before our entry (created at revision 100, with
@@ -405,7 +443,7 @@ mod tests {
 
         assert_eq!(too_far.next().await, None, "BACKLOG + 1 behind");
         for revision in 2..=BACKLOG as i64 + 1 {
-            let seen = at_the_limit.next().await.map(|d| d.revision);
+            let seen = at_the_limit.next().await.map(|d| d[0].revision);
             assert_eq!(seen, Some(revision), "BACKLOG behind");
         }
     }

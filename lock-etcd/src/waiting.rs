@@ -333,7 +333,8 @@ impl EtcdBackend {
 /// at revision `seen_at`) deleted after that revision makes the waiter the
 /// head when they were all the entries ahead; when they were only the
 /// nearest ones, the last deletion is reported so the waiter reads where it
-/// stands. Our `own` entry (created at `created`) deleted means it is gone.
+/// stands. Our `own` entry (created at `created`) deleted means it is gone,
+/// also when the same transaction deleted the last entry ahead.
 ///
 /// A deletion under one of these keys at or before `seen_at` is of an
 /// earlier entry under the same key (leases, and so keys, are reused), and
@@ -346,24 +347,26 @@ async fn wait_on_feed(
     created: i64,
 ) -> Learned {
     loop {
-        let Some(gone) = feed.next().await else {
+        let Some(at_once) = feed.next().await else {
             return Learned::Broken;
         };
-        if gone.key == own && gone.revision > created {
-            return Learned::Gone;
-        }
-        if gone.revision <= seen_at {
-            continue;
-        }
-        let Some(i) = ahead.keys.iter().position(|k| *k == gone.key) else {
+        let Some(revision) = at_once.first().map(|gone| gone.revision) else {
             continue;
         };
-        ahead.keys.remove(i);
+        if revision > created && at_once.iter().any(|gone| gone.key == own) {
+            return Learned::Gone;
+        }
+        if revision <= seen_at {
+            continue;
+        }
+        ahead
+            .keys
+            .retain(|key| !at_once.iter().any(|gone| gone.key == *key));
         if ahead.keys.is_empty() {
             return if ahead.all {
                 Learned::Head
             } else {
-                Learned::Deleted(gone.revision)
+                Learned::Deleted(revision)
             };
         }
     }

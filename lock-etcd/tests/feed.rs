@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::on_private_cluster;
+use lock_core::Lease;
 use lock_testkit::EtcdCluster;
 use tokio::time::Instant;
 
@@ -148,5 +149,98 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
         tokens.windows(2).all(|t| t[0] < t[1]),
         "granted in queue order: {tokens:?}"
     );
+    assert_eq!(backend.queue_len(key).await.expect("queue length"), 0);
+}
+
+/// The next lease a waiter was granted, within 30 s.
+async fn next_grant(grants: &mut tokio::sync::mpsc::UnboundedReceiver<Lease>) -> Lease {
+    tokio::time::timeout(Duration::from_secs(30), grants.recv())
+        .await
+        .expect("a waiter is granted")
+        .expect("the waiters hold the sender")
+}
+
+/// An operator deletes a lock's whole queue in one transaction, the holder's
+/// entry first: each waiter sees its own entry deleted along with the last
+/// one ahead of it. Neither takes that for the lock passing to it (which
+/// would grant both, on entries no longer there): each queues again, and
+/// the two are granted one after the other, each on an entry the queue
+/// holds. One waiter follows the entry ahead of it, the other had its
+/// count of the entries ahead kept by the feed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_whose_entries_are_deleted_with_the_ones_ahead_queue_again() {
+    let (cluster, backend, locker) = on_private_cluster().await;
+    let key = "queue-deleted-at-once";
+    let holder = locker.try_acquire(key, TTL).await.expect("holder");
+    let before = watch_streams(&cluster);
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    let waiter = || {
+        let (locker, granted) = (locker.clone(), granted.clone());
+        tokio::spawn(async move {
+            let lease = locker
+                .acquire(key, TTL, Duration::from_secs(60))
+                .await
+                .expect("acquire after the queue was deleted");
+            granted.send(lease).expect("the test listens");
+        })
+    };
+    let _first = waiter();
+    until("the first waiter's feed", || async {
+        watch_streams(&cluster) > before
+    })
+    .await;
+    let _second = waiter();
+    until("the second waiter in the queue", || async {
+        backend.queue_len(key).await.expect("queue length") == 3
+    })
+    .await;
+
+    // The queue's entries, oldest (the holder's) first, deleted in that
+    // order by one transaction.
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("a client of our own");
+    let all = etcd_client::GetOptions::new().with_all_keys().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let listed = client.get("", Some(all)).await.expect("list the keys");
+    let entries: Vec<Vec<u8>> = listed
+        .kvs()
+        .iter()
+        .map(|kv| kv.key().to_vec())
+        .filter(|k| String::from_utf8_lossy(k).contains(&format!("/{key}/")))
+        .collect();
+    assert_eq!(entries.len(), 3, "the holder's and two waiters' entries");
+    let delete_all = entries
+        .iter()
+        .map(|k| etcd_client::TxnOp::delete(k.clone(), None))
+        .collect::<Vec<_>>();
+    client
+        .txn(etcd_client::Txn::new().and_then(delete_all))
+        .await
+        .expect("delete the queue in one transaction");
+
+    let first = next_grant(&mut grants).await;
+    let held = backend.holder(key).await.expect("read the holder");
+    assert_eq!(
+        held.map(|h| h.fencing_token),
+        Some(first.fencing_token()),
+        "the lock is granted on an entry the queue holds"
+    );
+    until("the other waiter queued again", || async {
+        backend.queue_len(key).await.expect("queue length") == 2
+    })
+    .await;
+    assert!(
+        grants.try_recv().is_err(),
+        "the other waiter waits its turn"
+    );
+    let token = first.fencing_token();
+    locker.release(first).await.expect("release the first");
+    let second = next_grant(&mut grants).await;
+    assert!(second.fencing_token() > token, "tokens increase");
+    locker.release(second).await.expect("release the second");
+    drop(holder);
     assert_eq!(backend.queue_len(key).await.expect("queue length"), 0);
 }
