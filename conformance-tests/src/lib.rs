@@ -18,6 +18,7 @@ macro_rules! conformance_suite {
             try_acquire_on_held_key_is_contended,
             keys_are_independent,
             release_then_reacquire,
+            closing_idle_resources_keeps_held_locks,
             release_of_a_lost_lease_is_reported_and_harmless,
             forged_lease_can_neither_extend_nor_release,
             extend_moves_the_deadline,

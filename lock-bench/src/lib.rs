@@ -444,6 +444,12 @@ async fn measure_clients(
         }
         s.uncontended.push(u);
     }
+    // What the sweep left idle goes back first: etcd's idle leases would
+    // otherwise expire on the server during the handoffs (each expiry a
+    // write the leader commits), which the handoff floor does not have.
+    if let Client::Lockkit(locker) = client {
+        locker.close_idle().await;
+    }
     for &waiters in plan.waiters {
         let step = progress.step(format!(
             "{}: contended, {waiters} waiters on one key",

@@ -87,6 +87,13 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         ))
     }
 
+    /// Gives back what the backend keeps for its next grants: idle
+    /// connections (PostgreSQL), idle leases (etcd, where each would
+    /// otherwise stay on the server until its TTL runs out, then take a
+    /// write to remove). Held locks and waiters are not affected. For a
+    /// shutdown, or after a burst of locks; the default keeps nothing.
+    async fn close_idle(&self) {}
+
     /// Operator action: deletes the grant on `key` whoever holds it, so that
     /// its holder's next renewal fails as lost. Returns whether a grant
     /// existed. Optional; the default answers [`Error::Unsupported`].

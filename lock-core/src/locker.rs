@@ -243,6 +243,13 @@ impl Locker {
         self.backend.inspect(prefix).instrument(span).await
     }
 
+    /// Gives back what the backend keeps idle for the next grants (see
+    /// [`LockBackend::close_idle`]); held locks are not affected. The next
+    /// grants set up afresh what they need.
+    pub async fn close_idle(&self) {
+        self.backend.close_idle().await
+    }
+
     /// Operator action: deletes the grant on `key` whoever holds it; its
     /// holder learns at its next renewal (or at once, where the backend
     /// signals losses). Returns whether a grant existed.

@@ -64,6 +64,12 @@ impl LeasePool {
         Ok(())
     }
 
+    /// Empties the pool: the ids of every lease it kept, fresh or not.
+    pub(crate) fn drain(&self) -> Vec<i64> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.drain(..).map(|l| l.id).collect()
+    }
+
     /// The most recently kept idle lease of `ttl_secs` with more than half
     /// its TTL left, if any, and when it was last renewed. The others that
     /// are not are dropped on the way: the server removes them by itself.
@@ -102,6 +108,15 @@ mod tests {
         assert_eq!(pool.take(10), Some((1, renewed)));
         assert_eq!(pool.take(10), None);
         assert_eq!(pool.take(30), Some((2, renewed)));
+    }
+
+    #[test]
+    fn a_drained_pool_hands_out_nothing() {
+        let pool = LeasePool::default();
+        pool.put(1, 10, Instant::now()).unwrap();
+        pool.put(2, 30, secs_ago(20)).unwrap();
+        assert_eq!(pool.drain(), [1, 2], "fresh or not");
+        assert_eq!(pool.take(10), None);
     }
 
     #[test]

@@ -159,6 +159,18 @@ impl EtcdBackend {
         }
     }
 
+    /// Revokes every idle lease of the pool, all at once: each is a Raft
+    /// write now rather than an expiry the leader commits later, when
+    /// nothing here may be waiting for it.
+    pub(crate) async fn revoke_idle_leases(&self) {
+        let mut revokes = tokio::task::JoinSet::new();
+        for id in self.inner.idle_leases.drain() {
+            let backend = self.clone();
+            revokes.spawn(async move { backend.revoke_quietly(id).await });
+        }
+        revokes.join_all().await;
+    }
+
     pub(crate) async fn keep_alive(&self, key: &LockKey, lease_id: i64) -> Result<()> {
         self.call_lease(key, "lease keep-alive", |mut c| async move {
             c.lease_keep_alive(lease_id).await.map(|_| ())

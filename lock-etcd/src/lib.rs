@@ -709,6 +709,11 @@ impl LockBackend for EtcdBackend {
         }
     }
 
+    /// Revokes the idle leases kept for the next acquires.
+    async fn close_idle(&self) {
+        self.revoke_idle_leases().await
+    }
+
     async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let namespace = self.inner.prefix.clone();
         // Read in pages: one response for a whole busy namespace can exceed

@@ -81,6 +81,66 @@ async fn an_idle_lease_revoked_behind_the_backends_back_is_replaced() {
     assert_eq!(backend.queue_len(&key).await.expect("queue"), 0);
 }
 
+/// Closing the idle resources revokes the idle leases (gone from the
+/// server at once, not at the end of their TTL), and not a lease that
+/// holds a lock; the next acquire is granted a fresh lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_idle_resources_revokes_the_idle_leases_only() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    let backend = EtcdBackend::connect(&url).await.expect("connect");
+    let locker = Locker::new(backend.clone());
+    let (idle_key, held_key) = (unique_key("close-idle"), unique_key("close-idle-held"));
+    let ttl = Duration::from_secs(10);
+
+    let released = locker.try_acquire(&idle_key, ttl).await.expect("acquire");
+    let mut held = locker.try_acquire(&held_key, ttl).await.expect("acquire");
+    let idle = holder_lease(&backend, &idle_key).await;
+    let holding = holder_lease(&backend, &held_key).await;
+    locker.release(released).await.expect("release");
+
+    locker.close_idle().await;
+    assert!(!lease_lives(&url, idle).await, "the idle lease is revoked");
+    assert!(
+        lease_lives(&url, holding).await,
+        "the held lock's lease lives"
+    );
+    locker
+        .extend(&mut held, ttl)
+        .await
+        .expect("extend the held lock");
+
+    let again = locker
+        .try_acquire(&idle_key, ttl)
+        .await
+        .expect("acquire again");
+    let fresh = holder_lease(&backend, &idle_key).await;
+    assert!(fresh != idle && fresh != holding, "a new lease");
+    locker.release(again).await.expect("release");
+    locker.release(held).await.expect("release");
+}
+
+/// Whether the etcd lease `id` exists on the cluster at `url`.
+async fn lease_lives(url: &str, id: i64) -> bool {
+    let hosts = url.trim_start_matches("etcd://");
+    let endpoints: Vec<String> = hosts
+        .split_once('?')
+        .map_or(hosts, |(h, _)| h)
+        .split(',')
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("a client of our own");
+    let left = client
+        .lease_time_to_live(id, None)
+        .await
+        .expect("lease time-to-live");
+    // etcd answers -1 for a lease it does not know.
+    left.ttl() > 0
+}
+
 /// A grant released twice through the backend (the `Locker` takes the lease
 /// by value, the backend does not): the second release reports the lock
 /// lost and leaves alone the etcd lease, which now serves another lock.

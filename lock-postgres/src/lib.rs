@@ -394,6 +394,11 @@ impl LockBackend for PostgresBackend {
         &self.inner.capabilities
     }
 
+    /// Closes the idle connections kept for the next grants.
+    async fn close_idle(&self) {
+        self.inner.conns.close_idle().await
+    }
+
     async fn try_acquire(
         &self,
         key: &LockKey,

@@ -226,3 +226,34 @@ pub async fn grant_expires_after_its_ttl(fx: &Fixture) {
     fx.locker.release(second).await.expect("release");
     drop(first);
 }
+
+/// Closing what the backend keeps idle (connections, leases) leaves a held
+/// lock held and extendable, and the next grants work as before.
+pub async fn closing_idle_resources_keeps_held_locks(fx: &Fixture) {
+    let (held_key, released_key) = (fx.key("close-idle-held"), fx.key("close-idle-released"));
+    let mut held = fx
+        .locker
+        .try_acquire(&held_key, LONG_TTL)
+        .await
+        .expect("grant the held key");
+    let released = fx
+        .locker
+        .try_acquire(&released_key, LONG_TTL)
+        .await
+        .expect("grant the released key");
+    fx.locker.release(released).await.expect("release");
+
+    fx.locker.close_idle().await;
+    assert_contended(fx, &held_key, "still held after closing idle resources").await;
+    fx.locker
+        .extend(&mut held, LONG_TTL)
+        .await
+        .expect("extend after closing idle resources");
+    let again = fx
+        .locker
+        .try_acquire(&released_key, LONG_TTL)
+        .await
+        .expect("a grant after closing idle resources");
+    fx.locker.release(again).await.expect("release");
+    fx.locker.release(held).await.expect("release the held key");
+}
