@@ -377,6 +377,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             Err(e) => s.errors.push(format!("loss: second locker: {e}")),
         }
         drop(step);
+        locker.close_idle().await;
         report.subjects.push(s);
     }
     report.paired = paired::all(
@@ -444,12 +445,7 @@ async fn measure_clients(
         }
         s.uncontended.push(u);
     }
-    // What the sweep left idle goes back first: etcd's idle leases would
-    // otherwise expire on the server during the handoffs (each expiry a
-    // write the leader commits), which the handoff floor does not have.
-    if let Client::Lockkit(locker) = client {
-        locker.close_idle().await;
-    }
+    close_idle(client).await;
     for &waiters in plan.waiters {
         let step = progress.step(format!(
             "{}: contended, {waiters} waiters on one key",
@@ -472,6 +468,17 @@ async fn measure_clients(
             ));
         }
         s.contended.push(c);
+    }
+    close_idle(client).await;
+}
+
+/// Gives back what the client keeps idle, so that none of it expires on
+/// the server in the middle of a later measurement: etcd's idle leases
+/// (up to 256 after a sweep) would each expire a TTL after their last
+/// renewal, a write the leader commits, during whatever runs then.
+async fn close_idle(client: &Client) {
+    if let Client::Lockkit(locker) = client {
+        locker.close_idle().await;
     }
 }
 
