@@ -103,7 +103,6 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
     let (cluster, backend, locker) = on_private_cluster().await;
     let key = "broken-feed";
     let holder = locker.try_acquire(key, TTL).await.expect("holder");
-    let before = watch_streams(&cluster);
     let waiter = || {
         let locker = locker.clone();
         tokio::spawn(async move {
@@ -116,16 +115,7 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
             token
         })
     };
-    let first = waiter();
-    until("the first waiter's feed", || async {
-        watch_streams(&cluster) > before
-    })
-    .await;
-    let second = waiter();
-    until("the second waiter in the queue", || async {
-        backend.queue_len(key).await.expect("queue length") == 3
-    })
-    .await;
+    let (first, second) = two_waiters(&cluster, &backend, key, waiter).await;
 
     // The restart ends every stream to the member, the feed's too; the
     // leases and entries outlive it.
@@ -152,6 +142,30 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
     assert_eq!(backend.queue_len(key).await.expect("queue length"), 0);
 }
 
+/// Starts two waiters (`waiter()` spawns one) behind the holder of `key`:
+/// the first finds no feed and sets one up, then follows the entry ahead
+/// of it; the second joins that feed before it enqueues, and the feed
+/// counts the entries ahead for it. Returns once both are queued.
+async fn two_waiters<T>(
+    cluster: &EtcdCluster,
+    backend: &lock_etcd::EtcdBackend,
+    key: &str,
+    waiter: impl Fn() -> tokio::task::JoinHandle<T>,
+) -> (tokio::task::JoinHandle<T>, tokio::task::JoinHandle<T>) {
+    let before = watch_streams(cluster);
+    let first = waiter();
+    until("the first waiter's feed", || async {
+        watch_streams(cluster) > before
+    })
+    .await;
+    let second = waiter();
+    until("the second waiter in the queue", || async {
+        backend.queue_len(key).await.expect("queue length") == 3
+    })
+    .await;
+    (first, second)
+}
+
 /// The next lease a waiter was granted, within 30 s.
 async fn next_grant(grants: &mut tokio::sync::mpsc::UnboundedReceiver<Lease>) -> Lease {
     tokio::time::timeout(Duration::from_secs(30), grants.recv())
@@ -172,7 +186,6 @@ async fn waiters_whose_entries_are_deleted_with_the_ones_ahead_queue_again() {
     let (cluster, backend, locker) = on_private_cluster().await;
     let key = "queue-deleted-at-once";
     let holder = locker.try_acquire(key, TTL).await.expect("holder");
-    let before = watch_streams(&cluster);
     let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
     let waiter = || {
         let (locker, granted) = (locker.clone(), granted.clone());
@@ -184,16 +197,7 @@ async fn waiters_whose_entries_are_deleted_with_the_ones_ahead_queue_again() {
             granted.send(lease).expect("the test listens");
         })
     };
-    let _first = waiter();
-    until("the first waiter's feed", || async {
-        watch_streams(&cluster) > before
-    })
-    .await;
-    let _second = waiter();
-    until("the second waiter in the queue", || async {
-        backend.queue_len(key).await.expect("queue length") == 3
-    })
-    .await;
+    let _waiters = two_waiters(&cluster, &backend, key, waiter).await;
 
     // The queue's entries, oldest (the holder's) first, deleted in that
     // order by one transaction.
