@@ -159,9 +159,10 @@ impl EtcdBackend {
         }
     }
 
-    /// Revokes every idle lease of the pool, all at once: each is a Raft
-    /// write now rather than an expiry the leader commits later, when
-    /// nothing here may be waiting for it.
+    /// Revokes every idle lease of the pool, all at once: each a Raft write
+    /// now, when the caller chose, rather than an expiry the leader commits
+    /// a TTL later, in the middle of whatever runs then. No entry is bound
+    /// to an idle lease, so no lock is touched.
     pub(crate) async fn revoke_idle_leases(&self) {
         let mut revokes = tokio::task::JoinSet::new();
         for id in self.inner.idle_leases.drain() {
