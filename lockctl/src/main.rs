@@ -185,7 +185,12 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 grace,
                 command,
             };
-            run::run(locker, opts).await
+            let code = run::run(locker, opts).await;
+            // What the backend kept for a next lock is not needed after
+            // this: etcd's idle lease, say, would otherwise stay on the
+            // cluster until its TTL ran out.
+            locker.close_idle().await;
+            code
         }
         Cmd::Status { key } => {
             let key = target.key(&key);

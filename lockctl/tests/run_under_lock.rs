@@ -206,3 +206,29 @@ fn acquire_timeout_has_its_own_exit_code() {
         assert!(wait_exit(&mut holder).success(), "{backend}");
     }
 }
+
+/// A run leaves nothing on the cluster once it exits: the released lock's
+/// etcd lease, which the backend would keep for a next lock, is revoked
+/// rather than left to expire a TTL later (on a private one-member cluster,
+/// whose leases are all ours).
+#[test]
+fn a_run_leaves_no_etcd_lease_behind() {
+    if !lockkit::available_schemes().contains(&"etcd") {
+        eprintln!("skipped: this build lacks the etcd backend; build with --all-features");
+        return;
+    }
+    let cluster = lock_testkit::EtcdCluster::start(1).expect("start a private etcd cluster");
+    let out = output(&[
+        "--url",
+        &cluster.url(),
+        "run",
+        "leaves-nothing",
+        "--ttl",
+        "30s",
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "lockctl run: {out:?}");
+    let leases = cluster.etcdctl(&["lease", "list"]).expect("list leases");
+    assert_eq!(leases.trim(), "found 0 leases", "{leases}");
+}
