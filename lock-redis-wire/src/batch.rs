@@ -138,12 +138,16 @@ impl Batcher {
     /// One acquire attempt, as [`scripts::acquire`] with this batcher's
     /// token rule. Queued when called, not when first polled, so requests
     /// made one after another go out in that order.
+    ///
+    /// `others_wait`: others are known to wait for the lock, so the grant's
+    /// release is to publish.
     pub fn acquire(
         &self,
         claim: Arc<Claim>,
         ttl: Duration,
+        others_wait: bool,
     ) -> impl Future<Output = RedisResult<AcquireReply>> + Send + use<> {
-        let answer = self.ask(claim, Operation::acquire(ttl));
+        let answer = self.ask(claim, Operation::acquire(ttl, others_wait));
         async move { Ok(AcquireReply::from_reply(answer.await?)) }
     }
 
@@ -227,7 +231,7 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
             for request in &batch {
                 busy.insert(request.claim.id());
             }
-            in_flight.push(send(conn.clone(), rule, batch));
+            in_flight.push(send(conn.clone(), rule.clone(), batch));
         }
         if !open && in_flight.is_empty() && waiting.is_empty() && answered.is_empty() {
             return;
@@ -315,6 +319,6 @@ async fn send<C: ConnectionLike>(
         .iter()
         .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
         .collect();
-    let answers = scripts::run_batch(&mut conn, rule, &operations).await;
+    let answers = scripts::run_batch(&mut conn, &rule, &operations).await;
     (batch, answers)
 }

@@ -6,11 +6,13 @@
 //! | what | name |
 //! |---|---|
 //! | the grant (value: owner token, with a TTL) | `lockkit:{invoice/42}` |
-//! | the fencing counter | `lockkit:{invoice/42}:fence` |
+//! | the fencing counter (Redis Cluster, Redlock) | `lockkit:{invoice/42}:fence` |
 //! | the release channel | `lockkit:{invoice/42}:released` |
+//! | the fencing counter every lock shares (a single Redis server) | `lockkit:fence` |
 //!
-//! The `{...}` hash tag puts all three in one Redis Cluster slot, so one Lua
-//! script may touch them together. Inside the tag, `%` and `}` are written
+//! The `{...}` hash tag puts a lock's keys in one Redis Cluster slot, so one
+//! Lua script may touch them together. The shared counter has no tag, so no
+//! lock's scan pattern matches it. Inside the tag, `%` and `}` are written
 //! as `%25` and `%7D`: a `}` would end the tag early (and an empty tag
 //! would make Redis hash the whole name), and escaping keeps every valid
 //! lock key usable and the mapping reversible.
@@ -99,6 +101,12 @@ impl KeyLayout {
             channel: with_suffix(CHANNEL_SUFFIX),
             lock,
         }
+    }
+
+    /// The fencing counter every lock on a single server shares (see
+    /// [`TokenRule::SharedClockFloor`](crate::TokenRule::SharedClockFloor)).
+    pub fn shared_counter(&self) -> String {
+        format!("{}fence", self.prefix)
     }
 
     /// A `SCAN MATCH` pattern for the keys (grants and counters) of every
@@ -231,6 +239,15 @@ mod tests {
         }
         assert_eq!(layout.keys("invoice/42").lock, "lockkit:{invoice/42}");
         assert_ne!(layout.keys("%7D").lock, layout.keys("}").lock);
+    }
+
+    #[test]
+    fn the_shared_counter_is_no_lock_s_key_and_no_scan_finds_it() {
+        let layout = KeyLayout::default();
+        let counter = layout.shared_counter();
+        assert_eq!(counter, "lockkit:fence");
+        assert_eq!(layout.parse(&counter), None);
+        assert!(!counter.starts_with(&layout.scan_pattern("")[..layout.prefix().len() + 1]));
     }
 
     #[test]

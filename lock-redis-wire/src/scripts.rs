@@ -13,20 +13,33 @@
 //!   beyond every earlier token as long as **the server's clock never steps
 //!   backwards** — that is the one assumption left
 //!   ([`Assumption::ServerClockNeverStepsBack`](lock_core::Assumption)).
-//!   Tokens track the clock because a script runs for well over a
-//!   microsecond, so no key is granted more than once per microsecond.
+//!   Tokens track the clock: a counter per lock moves to the clock at each
+//!   grant (a script runs for well over a microsecond, so no key is granted
+//!   more than once per microsecond), and a shared counter runs ahead of
+//!   the clock by at most the grants of one call (128 µs at most), far less
+//!   than any restart takes.
+//!
+//! Where the counter lives is the [`TokenRule`]'s choice:
+//! - a single server keeps **one counter for all its locks**
+//!   ([`TokenRule::SharedClockFloor`]): a call reads it once and writes it
+//!   once, however many locks it grants. The counter has no TTL: it is one
+//!   key, and while it lives it also covers a clock that steps back. A
+//!   holder's token is then known to the holder only (the operator's view
+//!   shows none);
+//! - a lock on Redis Cluster keeps **a counter of its own** in its hash slot
+//!   ([`TokenRule::ClockFloor`]), since one call may only touch one slot. It
+//!   only has to live until the server's clock passes its value, and is
+//!   kept for that long plus the lock's TTL plus one second, so it never
+//!   leaks.
 //!
 //! The batch script may call `TIME` after earlier operations wrote, which
 //! needs effect replication of scripts (the default since Redis 5), and
-//! reads the old counter with `SET ... GET` (Redis 6.2): the scripts need
-//! Redis 6.2 or newer.
-//!
-//! The counter therefore only has to live until the server's clock passes
-//! its value; it is kept for that long plus the lock's TTL plus one second,
-//! and never leaks. Values are below 2^53 (Lua numbers are doubles) until
-//! the year 2255.
+//! reads the old counter with `SET ... GET` (Redis 6.2), and a refused
+//! acquire's holder with `SET ... NX ... GET` (Redis 7.0): the scripts need
+//! Redis 7.0 or newer. Counter values are below 2^53 (Lua numbers are
+//! doubles) until the year 2255.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use lock_core::{FencingToken, OwnerToken};
@@ -37,38 +50,68 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// the backends send them (see [`crate::batch`]); a single acquire or
 /// release is a batch of one.
 ///
-/// `ARGV[1]` says how tokens are taken: `clock-floor` or `counter-first`
-/// (see [`acquire_for_quorum`]). Then each operation, in order:
-/// - acquire: `ARGV` TTL in ms, owner token; `KEYS` lock, counter;
+/// `ARGV[1]` says how tokens are taken (see [`TokenRule`]): `clock-floor`,
+/// `counter-first` or `shared-clock-floor`; with `shared-clock-floor`,
+/// `KEYS[1]` is the shared counter. Then each operation, in order:
+/// - acquire: `ARGV` TTL in ms, owner token, or `W`, TTL in ms, owner token
+///   when others are known to wait; `KEYS` lock, then its own counter
+///   unless the counter is shared;
 /// - release: `ARGV` `R`, owner token, the grant's fencing token (`0` when
-///   unknown); `KEYS` lock. The release is published on the lock's channel,
-///   its key followed by `:released`, with the fencing token as the message:
-///   the same release published by several Redlock nodes is then told apart
-///   from the next one, so it wakes one waiter, not one per node. A fencing
-///   token is no secret (resources are given it); the owner token is never
-///   published.
+///   unknown); `KEYS` lock.
+///
+/// A release is published only when someone waits for the lock: a grant's
+/// value is its owner token, followed by `+` once an acquire was refused on
+/// it (the refused acquire adds it) or when the acquire said others wait.
+/// An uncontended acquire and release then publish nothing. A marked
+/// release is published on the lock's channel, its key followed by
+/// `:released`, with the fencing token as the message: the same release
+/// published by several Redlock nodes is then told apart from the next one,
+/// so it wakes one waiter, not one per node. A fencing token is no secret
+/// (resources are given it); the owner token is never published.
 ///
 /// Returns one integer per operation, in an array (a batch of one: the
 /// integer alone, which is cheaper for the server to send). Acquire: the
 /// fencing token (at least 1) when granted; when held, `-1 - remaining TTL
 /// in ms`, or `0` when the key has no TTL. Release: 1 when the owner's grant
-/// was deleted (and the release published), 0 when the owner did not hold it.
+/// was deleted (and, when marked, the release published), 0 when the owner
+/// did not hold it.
 /// An operation that fails (a key of the wrong type, say) answers its error
 /// text instead (a batch of one: the error itself), leaves no grant behind,
 /// and does not stop the others.
 ///
-/// A granted acquire makes three calls on the common path: `SET NX PX`,
-/// `TIME` (once per batch) and `SET ... GET` on the counter, which reads the
-/// old value in the same call. One clock reading serves a batch: batches
-/// run one after another for well over a microsecond, and a key granted
-/// twice in one batch finds its counter at the clock reading, so its second
-/// token is above the first.
+/// A granted acquire makes, on the common path, with a shared counter:
+/// `SET NX PX GET` (whose answer, when refused, is the holder's value), and
+/// once per batch `TIME`, `SET ... GET` on the counter
+/// (which reads the old value in the same call) and, when the batch granted
+/// more than one lock, a last `SET` of the highest token. With a counter
+/// per lock: `SET NX PX GET`, `TIME` (once per batch) and `SET ... GET` on the
+/// lock's counter. One clock reading serves a batch: batches run one after
+/// another for well over a microsecond, and a key granted twice in one
+/// batch finds its counter at the clock reading, so its second token is
+/// above the first.
 pub const BATCH_LUA: &str = r#"
-local counter_first = ARGV[1] == 'counter-first'
+local rule = ARGV[1]
+local counter_first = rule == 'counter-first'
+local shared = rule == 'shared-clock-floor'
 local now, now_text
 
+local function read_clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+    now_text = t[1] .. string.sub('00000' .. t[2], -6)
+  end
+end
+
+-- A grant's value: the owner token, followed by '+' once someone is known to
+-- wait for the lock; only then does its release publish.
 local function release(lock, owner, message)
-  if redis.call('GET', lock) == owner then
+  local value = redis.call('GET', lock)
+  if value == owner then
+    redis.call('DEL', lock)
+    return 1
+  end
+  if value and value == owner .. '+' then
     redis.call('DEL', lock)
     redis.call('PUBLISH', lock .. ':released', message)
     return 1
@@ -76,6 +119,16 @@ local function release(lock, owner, message)
   return 0
 end
 
+-- Refused: the holder's grant learns that someone waits; answers the
+-- remaining TTL.
+local function refused(lock, holder)
+  if string.byte(holder, -1) ~= 43 then
+    redis.call('SET', lock, holder .. '+', 'XX', 'KEEPTTL')
+  end
+  return -1 - redis.call('PTTL', lock)
+end
+
+-- A counter per lock.
 local function next_token(counter, ttl)
   local token = 1
   if counter_first then
@@ -83,11 +136,7 @@ local function next_token(counter, ttl)
     token = redis.call('INCR', counter)
   end
   if token ~= 1 then return token end
-  if not now then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2]
-    now_text = t[1] .. string.sub('00000' .. t[2], -6)
-  end
+  read_clock()
   -- Keep a counter that tracks the clock for the TTL plus one second.
   local keep = ttl + 1000
   local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
@@ -101,10 +150,9 @@ local function next_token(counter, ttl)
   return now
 end
 
-local function acquire(lock, counter, owner, ttl)
-  if not redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
-    return -1 - redis.call('PTTL', lock)
-  end
+local function acquire(lock, counter, value, ttl)
+  local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
+  if holder then return refused(lock, holder) end
   local ok, token = pcall(next_token, counter, ttl)
   if not ok then
     -- No token, no grant.
@@ -114,21 +162,55 @@ local function acquire(lock, counter, owner, ttl)
   return token
 end
 
+-- The shared counter: read (and moved up to the clock) at the batch's first
+-- acquire, written at its end. `last`: the highest token it must cover.
+local last
+local function acquire_shared(lock, value, ttl)
+  if not last then
+    read_clock()
+    local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
+    last = (old and old >= now) and old or now - 1
+  end
+  local token = last + 1
+  local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
+  if holder then return refused(lock, holder) end
+  last = token
+  return token
+end
+
 local out, n, k, a = {}, 0, 1, 2
-while a <= #ARGV do
+if shared then k = 2 end
+local argc = #ARGV
+while a <= argc do
   local ok, answer
-  if ARGV[a] == 'R' then
+  local op = ARGV[a]
+  if op == 'R' then
     ok, answer = pcall(release, KEYS[k], ARGV[a + 1], ARGV[a + 2])
     k, a = k + 1, a + 3
   else
-    ok, answer = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a])
-    k, a = k + 2, a + 2
+    local ttl, value = op, ARGV[a + 1]
+    if op == 'W' then
+      ttl, value, a = ARGV[a + 1], ARGV[a + 2] .. '+', a + 1
+    end
+    if shared then
+      ok, answer = pcall(acquire_shared, KEYS[k], value, ttl)
+      k = k + 1
+    else
+      ok, answer = pcall(acquire, KEYS[k], KEYS[k + 1], value, ttl)
+      k = k + 2
+    end
+    a = a + 2
   end
   if not ok then
     answer = type(answer) == 'table' and answer.err or tostring(answer)
   end
   n = n + 1
   out[n] = answer
+end
+-- The counter already holds the clock reading (at least the old value):
+-- only a higher token needs writing.
+if last and last > now then
+  redis.call('SET', KEYS[1], string.format('%.0f', last))
 end
 if n == 1 then
   if type(out[1]) == 'string' then return redis.error_reply(out[1]) end
@@ -138,9 +220,11 @@ return out
 "#;
 
 /// `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
-/// Moves the expiry only if `ARGV[1]` holds the grant. Returns 1 or 0.
+/// Moves the expiry only if `ARGV[1]` holds the grant (its value is the
+/// owner token, followed by `+` when someone waits). Returns 1 or 0.
 pub const EXTEND_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local value = redis.call('GET', KEYS[1])
+if value == ARGV[1] or (value and value == ARGV[1] .. '+') then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -187,22 +271,40 @@ impl Scripts {
 }
 
 /// How a grant takes its fencing token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenRule {
-    /// `max(counter + 1, server clock in µs)`: survives a lost or stale
-    /// counter on one server (see the module docs).
+    /// `max(counter + 1, server clock in µs)` with a counter per lock, in
+    /// the lock's hash slot: survives a lost or stale counter on one server
+    /// (see the module docs). For Redis Cluster.
     ClockFloor,
     /// `counter + 1`, seeding a missing counter from the clock: for quorum
     /// fencing (see [`acquire_for_quorum`]).
     CounterFirst,
+    /// `max(counter + 1, server clock in µs)` with one counter, this key
+    /// ([`KeyLayout::shared_counter`](crate::KeyLayout::shared_counter)),
+    /// for every lock on the server: read and written once per call,
+    /// however many locks it grants. For a single server.
+    SharedClockFloor {
+        /// The shared counter's key.
+        counter: Arc<str>,
+    },
 }
 
 impl TokenRule {
     /// The script's `ARGV[1]`.
-    pub fn as_arg(self) -> &'static str {
+    pub fn as_arg(&self) -> &'static str {
         match self {
             TokenRule::ClockFloor => "clock-floor",
             TokenRule::CounterFirst => "counter-first",
+            TokenRule::SharedClockFloor { .. } => "shared-clock-floor",
+        }
+    }
+
+    /// The counter every lock shares, if there is one.
+    fn shared_counter(&self) -> Option<&str> {
+        match self {
+            TokenRule::SharedClockFloor { counter } => Some(counter),
+            _ => None,
         }
     }
 }
@@ -214,8 +316,12 @@ pub enum Operation {
     Acquire {
         /// The TTL in milliseconds.
         ttl_ms: u64,
+        /// Others are known to wait for the lock: the grant's release is to
+        /// publish (see [`BATCH_LUA`]).
+        others_wait: bool,
     },
-    /// Compare-and-delete, then publish the release with the grant's
+    /// Compare-and-delete, then, when the grant is marked as waited for,
+    /// publish the release with the grant's
     /// fencing token (0 when unknown).
     Release {
         /// The grant's fencing token, the release message.
@@ -224,10 +330,12 @@ pub enum Operation {
 }
 
 impl Operation {
-    /// An acquire for `ttl`.
-    pub fn acquire(ttl: Duration) -> Operation {
+    /// An acquire for `ttl`; `others_wait`: others are known to wait for
+    /// the lock, so the grant's release is to publish.
+    pub fn acquire(ttl: Duration, others_wait: bool) -> Operation {
         Operation::Acquire {
             ttl_ms: millis(ttl),
+            others_wait,
         }
     }
 }
@@ -263,31 +371,46 @@ fn millis(ttl: Duration) -> u64 {
 /// error of that operation alone.
 pub async fn run_batch<'a, C: ConnectionLike>(
     conn: &mut C,
-    rule: TokenRule,
+    rule: &TokenRule,
     operations: &[(&'a crate::LockKeys, &'a str, Operation)],
 ) -> RedisResult<Vec<RedisResult<i64>>> {
     // One command buffer, not ScriptInvocation's vector per argument: a
     // batch carries up to hundreds of arguments.
     let script = &SCRIPTS.batch;
-    let keys = operations
-        .iter()
-        .map(|(_, _, operation)| match operation {
-            Operation::Acquire { .. } => 2,
-            Operation::Release { .. } => 1,
-        })
-        .sum::<usize>();
+    let shared = rule.shared_counter();
+    // Each lock, and each acquire's own counter unless one is shared.
+    let own_counters = shared.is_none();
+    let keys = usize::from(!own_counters)
+        + operations
+            .iter()
+            .map(|(_, _, operation)| match operation {
+                Operation::Acquire { .. } if own_counters => 2,
+                _ => 1,
+            })
+            .sum::<usize>();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
+    if let Some(counter) = shared {
+        cmd.arg(counter);
+    }
     for (keys, _, operation) in operations {
         cmd.arg(&keys.lock);
-        if let Operation::Acquire { .. } = operation {
+        if let (Operation::Acquire { .. }, true) = (operation, own_counters) {
             cmd.arg(&keys.counter);
         }
     }
     cmd.arg(rule.as_arg());
     for (_, owner, operation) in operations {
         match operation {
-            Operation::Acquire { ttl_ms } => cmd.arg(*ttl_ms),
+            Operation::Acquire {
+                ttl_ms,
+                others_wait,
+            } => {
+                if *others_wait {
+                    cmd.arg("W");
+                }
+                cmd.arg(*ttl_ms)
+            }
             Operation::Release { .. } => cmd.arg("R"),
         };
         cmd.arg(*owner);
@@ -339,7 +462,7 @@ fn unexpected(answer: &Value) -> RedisError {
 
 async fn run_one<C: ConnectionLike>(
     conn: &mut C,
-    rule: TokenRule,
+    rule: &TokenRule,
     keys: &crate::LockKeys,
     owner: &OwnerToken,
     operation: Operation,
@@ -350,13 +473,17 @@ async fn run_one<C: ConnectionLike>(
 }
 
 /// One attempt: `SET NX PX` and, when granted, the next fencing token.
+/// `others_wait`: others are known to wait for the lock, so the grant's
+/// release is to publish.
 pub async fn acquire<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
     owner: &OwnerToken,
     ttl: Duration,
+    others_wait: bool,
 ) -> RedisResult<AcquireReply> {
-    acquire_by(conn, TokenRule::ClockFloor, keys, owner, ttl).await
+    let operation = Operation::acquire(ttl, others_wait);
+    acquire_by(conn, &TokenRule::ClockFloor, keys, owner, operation).await
 }
 
 /// Like [`acquire`], except that a counter that exists is only incremented,
@@ -370,24 +497,27 @@ pub async fn acquire_for_quorum<C: ConnectionLike>(
     keys: &crate::LockKeys,
     owner: &OwnerToken,
     ttl: Duration,
+    others_wait: bool,
 ) -> RedisResult<AcquireReply> {
-    acquire_by(conn, TokenRule::CounterFirst, keys, owner, ttl).await
+    let operation = Operation::acquire(ttl, others_wait);
+    acquire_by(conn, &TokenRule::CounterFirst, keys, owner, operation).await
 }
 
 async fn acquire_by<C: ConnectionLike>(
     conn: &mut C,
-    rule: TokenRule,
+    rule: &TokenRule,
     keys: &crate::LockKeys,
     owner: &OwnerToken,
-    ttl: Duration,
+    operation: Operation,
 ) -> RedisResult<AcquireReply> {
-    let reply = run_one(conn, rule, keys, owner, Operation::acquire(ttl)).await?;
+    let reply = run_one(conn, rule, keys, owner, operation).await?;
     Ok(AcquireReply::from_reply(reply))
 }
 
-/// Deletes the grant if `owner` holds it and publishes the release, with
-/// the grant's fencing `token` (0 when unknown) as the message. Returns
-/// false when `owner` did not hold it (nothing was deleted).
+/// Deletes the grant if `owner` holds it and, when someone waits for the
+/// lock, publishes the release, with the grant's fencing `token` (0 when
+/// unknown) as the message. Returns false when `owner` did not hold it
+/// (nothing was deleted).
 pub async fn release<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
@@ -396,7 +526,7 @@ pub async fn release<C: ConnectionLike>(
 ) -> RedisResult<bool> {
     let reply = run_one(
         conn,
-        TokenRule::ClockFloor,
+        &TokenRule::ClockFloor,
         keys,
         owner,
         Operation::Release { token },

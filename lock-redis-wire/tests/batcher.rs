@@ -1,6 +1,7 @@
 //! The batcher against a private, paused Redis: an acquire whose caller left
 //! while it was held back is never sent, so it grants nothing; an operation
-//! held back behind its own claim runs after it.
+//! held back behind its own claim runs after it. And against a private
+//! Redis: one operation's failure stays its own.
 
 use std::time::Duration;
 
@@ -47,12 +48,12 @@ async fn an_acquire_abandoned_while_held_back_is_never_sent() {
 
     server.pause().expect("pause");
     // On the wire, alone, stuck at the paused server.
-    let acquire = tokio::spawn(batcher.acquire(held.clone(), TTL));
+    let acquire = tokio::spawn(batcher.acquire(held.clone(), TTL, false));
     let_the_batcher_run().await;
     // Held back behind its own claim's acquire, and everything after it too.
     let release = tokio::spawn(batcher.release(held.clone(), 0));
-    let gone = batcher.acquire(abandoned.clone(), TTL);
-    let waited_for = tokio::spawn(batcher.acquire(kept.clone(), TTL));
+    let gone = batcher.acquire(abandoned.clone(), TTL, false);
+    let waited_for = tokio::spawn(batcher.acquire(kept.clone(), TTL, false));
     let_the_batcher_run().await;
     drop(gone);
     let_the_batcher_run().await;
@@ -86,17 +87,22 @@ async fn an_acquire_abandoned_while_held_back_is_never_sent() {
     );
 }
 
-/// Operations per `EVALSHA` when `callers` tasks each acquire and release a
-/// key of their own `pairs` times through one batcher, on a current-thread
-/// runtime (so the order tasks run in is the scheduler's, not the host's).
-async fn operations_per_call(handout: Handout, callers: usize, pairs: usize) -> f64 {
-    let server = RedisServer::start().expect("start redis");
+/// A batcher over a multiplexed connection to `server`.
+async fn batcher_on(server: &RedisServer, rule: TokenRule, handout: Handout) -> Batcher {
     let client = redis::Client::open(server.url()).expect("url");
     let conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let batcher = Batcher::start(conn, TokenRule::ClockFloor, handout);
+    Batcher::start(conn, rule, handout)
+}
+
+/// Operations per `EVALSHA` when `callers` tasks each acquire and release a
+/// key of their own `pairs` times through one batcher, on a current-thread
+/// runtime (so the order tasks run in is the scheduler's, not the host's).
+async fn operations_per_call(handout: Handout, callers: usize, pairs: usize) -> f64 {
+    let server = RedisServer::start().expect("start redis");
+    let batcher = batcher_on(&server, TokenRule::ClockFloor, handout).await;
     let layout = KeyLayout::default();
     // Loads the script, so that the calls counted are the callers'.
     let warm_up = Claim::new(layout.keys("warm-up"), &OwnerToken::random());
@@ -108,7 +114,10 @@ async fn operations_per_call(handout: Handout, callers: usize, pairs: usize) -> 
             let claim = Claim::new(layout.keys(&format!("caller/{i}")), &owner);
             tokio::spawn(async move {
                 for _ in 0..pairs {
-                    let granted = batcher.acquire(claim.clone(), TTL).await.expect("acquire");
+                    let granted = batcher
+                        .acquire(claim.clone(), TTL, false)
+                        .await
+                        .expect("acquire");
                     let AcquireReply::Granted(token) = granted else {
                         panic!("a key of its own is granted: {granted:?}");
                     };
@@ -141,5 +150,124 @@ async fn answers_handed_out_in_rounds_let_the_first_callers_ask_again_first() {
     assert!(
         in_rounds < all_at_once / 2.0,
         "in rounds: {in_rounds:.1} operations per call against {all_at_once:.1} all at once"
+    );
+}
+
+/// With a counter per lock (as Redlock's nodes batch), a lock whose counter
+/// holds the wrong type fails its own acquire, leaves no grant behind, and
+/// spoils nothing for the operations sharing its call.
+#[tokio::test(flavor = "current_thread")]
+async fn a_broken_counter_fails_its_own_acquire_only() {
+    let server = RedisServer::start().expect("start redis");
+    let batcher = batcher_on(&server, TokenRule::CounterFirst, Handout::AllAtOnce).await;
+    let layout = KeyLayout::default();
+    let broken = Claim::new(layout.keys("broken"), &OwnerToken::random());
+    server
+        .cli(&["RPUSH", &broken.keys().counter, "not a counter"])
+        .expect("RPUSH");
+    // Loads the script, so that the operations below share one call.
+    batcher
+        .release(broken.clone(), 0)
+        .await
+        .expect("warm-up release");
+
+    let fine: Vec<_> = (0..10)
+        .map(|i| {
+            let claim = Claim::new(layout.keys(&format!("fine/{i}")), &OwnerToken::random());
+            tokio::spawn(batcher.acquire(claim, TTL, false))
+        })
+        .collect();
+    let failed = tokio::spawn(batcher.acquire(broken.clone(), TTL, false));
+    let before = server.command_calls("evalsha").expect("INFO");
+    let err = failed
+        .await
+        .unwrap()
+        .expect_err("granted on a broken counter");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    for acquire in fine {
+        assert!(
+            matches!(
+                acquire
+                    .await
+                    .unwrap()
+                    .expect("an acquire sharing the call failed"),
+                AcquireReply::Granted(_)
+            ),
+            "a fine lock was not granted"
+        );
+    }
+    assert_eq!(
+        server.command_calls("evalsha").expect("INFO") - before,
+        1,
+        "the operations did not share one call"
+    );
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &broken.keys().lock])
+            .expect("EXISTS")
+            .trim(),
+        "0",
+        "the failed acquire left its grant behind"
+    );
+}
+
+/// With the counter all locks share, an operation that fails (its lock's
+/// key holds the wrong type) answers its error alone: the others in its
+/// call are granted, and the counter still covers the highest token.
+#[tokio::test(flavor = "current_thread")]
+async fn with_a_shared_counter_a_failed_operation_spoils_nothing_else() {
+    let server = RedisServer::start().expect("start redis");
+    let layout = KeyLayout::default();
+    let rule = TokenRule::SharedClockFloor {
+        counter: layout.shared_counter().into(),
+    };
+    let batcher = batcher_on(&server, rule, Handout::AllAtOnce).await;
+    let broken = Claim::new(layout.keys("broken"), &OwnerToken::random());
+    server
+        .cli(&["RPUSH", &broken.keys().lock, "not a grant"])
+        .expect("RPUSH");
+    // Loads the script, so that the operations below share one call.
+    let warm_up = Claim::new(layout.keys("warm-up"), &OwnerToken::random());
+    batcher.release(warm_up, 0).await.expect("warm-up release");
+
+    let before = server.command_calls("evalsha").expect("INFO");
+    let mut asked: Vec<_> = (0..5)
+        .map(|i| {
+            let claim = Claim::new(layout.keys(&format!("fine/{i}")), &OwnerToken::random());
+            tokio::spawn(batcher.acquire(claim, TTL, false))
+        })
+        .collect();
+    let failed = tokio::spawn(batcher.acquire(broken.clone(), TTL, false));
+    asked.extend((5..10).map(|i| {
+        let claim = Claim::new(layout.keys(&format!("fine/{i}")), &OwnerToken::random());
+        tokio::spawn(batcher.acquire(claim, TTL, false))
+    }));
+    let err = failed.await.unwrap().expect_err("granted on a list");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let mut highest = 0;
+    for acquire in asked {
+        match acquire
+            .await
+            .unwrap()
+            .expect("an acquire sharing the call failed")
+        {
+            AcquireReply::Granted(token) => highest = highest.max(token.get()),
+            other => panic!("a fine lock was not granted: {other:?}"),
+        }
+    }
+    assert_eq!(
+        server.command_calls("evalsha").expect("INFO") - before,
+        1,
+        "the operations did not share one call"
+    );
+    let counter: u64 = server
+        .cli(&["GET", &layout.shared_counter()])
+        .expect("GET")
+        .trim()
+        .parse()
+        .expect("a number");
+    assert!(
+        counter >= highest,
+        "counter {counter} below token {highest}"
     );
 }

@@ -136,9 +136,13 @@ impl RedisBackend {
             settings.endpoints[0].clone()
         };
         let batcher = match &conn {
+            // One counter for every lock: a call reads and writes it once,
+            // however many locks it grants.
             Conn::Single(c) => Some(Batcher::start(
                 c.clone(),
-                TokenRule::ClockFloor,
+                TokenRule::SharedClockFloor {
+                    counter: settings.layout.shared_counter().into(),
+                },
                 Handout::InRounds,
             )),
             Conn::Cluster(_) => None,
@@ -236,9 +240,20 @@ impl RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> redis::RedisResult<AcquireReply> {
+        // A waiter of ours is registered (maybe the caller itself, between
+        // rounds of its wait): the grant's release is to publish, so that
+        // whoever still waits is woken.
+        let others_wait = self.inner.wakeups.is_waited_for(&keys.channel);
         match &self.inner.batcher {
-            Some(batcher) => batcher.acquire(Claim::new(keys, owner), ttl).await,
-            None => scripts::acquire(&mut self.inner.conn.clone(), &keys, owner, ttl).await,
+            Some(batcher) => {
+                batcher
+                    .acquire(Claim::new(keys, owner), ttl, others_wait)
+                    .await
+            }
+            None => {
+                let conn = &mut self.inner.conn.clone();
+                scripts::acquire(conn, &keys, owner, ttl, others_wait).await
+            }
         }
     }
 

@@ -11,12 +11,16 @@ use redis::aio::ConnectionLike;
 /// What [`RedisBackend::report`](crate::RedisBackend::report) found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockReport {
-    /// Locks held, sorted by key, with their remaining TTL and, while the
-    /// counter of their grant lives, their fencing token.
+    /// Locks held, sorted by key, with their remaining TTL and, on Redis
+    /// Cluster, while the lock's own counter lives, their fencing token. (A
+    /// single server's locks share one counter, which does not say which
+    /// lock took which token.)
     pub held: Vec<HeldLock>,
-    /// Redis keys under the prefix without a TTL, sorted. Every key this
-    /// backend writes expires, so these were written by something else (or
-    /// had their TTL removed) and would block their lock forever.
+    /// Redis keys of locks under the prefix without a TTL, sorted. Every
+    /// lock's key this backend writes expires, so these were written by
+    /// something else (or had their TTL removed) and would block their lock
+    /// forever. (The one counter a single server's locks share has no TTL;
+    /// it is no lock's key, and is not listed.)
     pub leaks: Vec<String>,
 }
 
@@ -62,7 +66,8 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
                 }
             }
             if !held.is_empty() {
-                // The counter holds the token of the latest grant, which is the holder's.
+                // A lock's own counter (Redis Cluster) holds the token of its
+                // latest grant, which is the holder's.
                 let mut pipe = redis::pipe();
                 for (key, _) in &held {
                     pipe.cmd("GET").arg(layout.keys(key).counter);

@@ -95,6 +95,15 @@ impl Wakeups {
         }
     }
 
+    /// Whether a waiter of this backend waits on `channel`: an acquire of
+    /// its lock then marks its grant, so that the grant's release publishes
+    /// and wakes the next waiter.
+    pub(crate) fn is_waited_for(&self, channel: &str) -> bool {
+        lock(&self.shared.channels)
+            .get(channel)
+            .is_some_and(|c| c.waiters > 0)
+    }
+
     /// A future that completes when `lock_key` is released (published on
     /// `channel`) or found gone. `conn` checks the key after subscribing.
     pub(crate) fn on_release(

@@ -300,10 +300,14 @@ impl LockBackend for RedlockBackend {
         // returning at the first majority would leave the token's write-back
         // to that majority only, and a token written to fewer nodes survives
         // fewer restarts.
+        // A waiter of ours is registered (maybe the caller itself, between
+        // rounds of its wait): the grant's release is to publish, so that
+        // whoever still waits is woken.
+        let others_wait = self.inner.wakeups.is_waited_for(&keys.channel);
         let answers = self
             .inner
             .nodes
-            .ask_all(|node| node.batcher.acquire(claim.clone(), ttl))
+            .ask_all(|node| node.batcher.acquire(claim.clone(), ttl, others_wait))
             .await;
         let tally = Tally::new(
             answers

@@ -3,7 +3,9 @@
 //! Each release wakes ONE waiter, the one waiting longest: a release frees
 //! the lock for one new holder, and waking all would have every other
 //! waiter send a refused attempt to every node (a herd). A release is
-//! published on every node, with the grant's fencing token as the message.
+//! published on every node where its grant was marked as waited for (see
+//! lock-redis-wire's batch script), with the grant's fencing token as the
+//! message.
 //! The first node to tell of a release wakes one waiter; so does the node
 //! that makes it a majority, in case the first waiter's attempt reached
 //! most nodes before the release did (a waiter in another process) and was
@@ -113,6 +115,16 @@ impl Wakeups {
             nodes: Arc::new(nodes),
             node_timeout,
         }
+    }
+
+    /// Whether a waiter of this backend waits on `channel`: an acquire of
+    /// its lock then marks its grant, so that the grant's release publishes
+    /// and wakes the next waiter.
+    pub(crate) fn is_waited_for(&self, channel: &str) -> bool {
+        lock(&self.interest)
+            .channels
+            .get(channel)
+            .is_some_and(|c| c.waiters > 0)
     }
 
     /// Registers a waiter on `channel` and subscribes it on every node,

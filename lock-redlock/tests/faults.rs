@@ -174,12 +174,18 @@ async fn a_grant_on_a_minority_never_counts() {
             "node {i} kept the minority grant"
         );
     }
+    // The other owner's grant stays its own, with its TTL; the refused
+    // acquire only marked it as waited for (`+`), so that its release
+    // publishes.
     for i in [0, 1, 2] {
+        let node = nodes.node(i);
         assert_eq!(
-            nodes.node(i).cli(&["GET", &lock]).unwrap(),
-            "someone-else",
+            node.cli(&["GET", &lock]).unwrap(),
+            "someone-else+",
             "the other owner's grant was touched"
         );
+        let ttl: i64 = node.cli(&["PTTL", &lock]).unwrap().parse().unwrap();
+        assert!(ttl > 50_000, "the other owner's TTL was touched: {ttl} ms");
     }
     // With the other owner on two nodes only, the other three are a majority.
     nodes.node(0).cli(&["DEL", &lock]).expect("DEL");
