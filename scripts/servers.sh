@@ -71,6 +71,8 @@ install_missing() {
         /usr/bin/protoc:protobuf-compiler \
         /usr/include/google/protobuf/descriptor.proto:libprotobuf-dev \
         /usr/bin/faketime:faketime \
+        /usr/bin/valgrind:valgrind \
+        /usr/bin/callgrind_control:valgrind \
         /usr/bin/openssl:openssl; do
         path="${spec%%:*}"
         pkg="${spec##*:}"

@@ -70,7 +70,7 @@ const OWNER: &str = "0123456789abcdef0123456789abcdef";
 /// The redis-benchmark method, for the report.
 pub fn redis_method() -> String {
     format!(
-        "redis-benchmark -c T -n N [-P 16] -r 100000000 EVALSHA <batch script {}> 2 lockkit:{{bench/__rand_int__}} lockkit:{{bench/__rand_int__}}:fence clock-floor 10000 <owner> (one acquire), then EVALSHA <batch script> 1 lockkit:{{bench/__rand_int__}} clock-floor R <owner> 0 (one release); \
+        "redis-benchmark -c T -n N [-P 16] -r 100000000 EVALSHA <batch script {}> 2 lockkit:fence lockkit:{{bench/__rand_int__}} shared-clock-floor 10000 <owner> (one acquire), then EVALSHA <batch script> 2 lockkit:fence lockkit:{{bench/__rand_int__}} shared-clock-floor R <owner> 0 (one release); \
          acquire runs the granted path on fresh keys, release the owner-mismatch path (GET and compare only, so the bound is on the generous side); pairs/s = 1/(1/acquire + 1/release). \
          One operation per call: the backend's coalescing of concurrent callers into one call is what lets it pass this bound",
         &Scripts::get().batch.get_hash()[..8],
@@ -129,13 +129,16 @@ async fn redis_benchmark_once(
     Ok((num(1), num(4) * 1000.0))
 }
 
+/// The counter all locks on the lab's single Redis share (the default prefix).
+const SHARED_COUNTER: &str = "lockkit:fence";
+
 /// One acquire as lock-redis sends it for a 10 s TTL: token rule, then the
 /// TTL in ms and the owner.
-const ACQUIRE_ARGV: [&str; 3] = ["clock-floor", "10000", OWNER];
+const ACQUIRE_ARGV: [&str; 3] = ["shared-clock-floor", "10000", OWNER];
 
-fn acquire_command(lock: &str, counter: &str) -> Vec<String> {
+fn acquire_command(lock: &str) -> Vec<String> {
     let s = Scripts::get();
-    let mut cmd: Vec<String> = ["EVALSHA", s.batch.get_hash(), "2", lock, counter]
+    let mut cmd: Vec<String> = ["EVALSHA", s.batch.get_hash(), "2", SHARED_COUNTER, lock]
         .map(str::to_owned)
         .to_vec();
     cmd.extend(ACQUIRE_ARGV.map(str::to_owned));
@@ -153,18 +156,14 @@ pub async fn check_acquire_args(
         getrandom::u64().unwrap_or(0)
     );
     let mut cmd = redis::cmd("EVALSHA");
-    for arg in &acquire_command(&key, &format!("{key}:fence"))[1..] {
+    for arg in &acquire_command(&key)[1..] {
         cmd.arg(arg);
     }
     let reply: redis::Value = cmd
         .query_async(conn)
         .await
         .map_err(|e| format!("the acquire script refused the benchmark's arguments: {e}"))?;
-    let _: redis::RedisResult<()> = redis::cmd("DEL")
-        .arg(&key)
-        .arg(format!("{key}:fence"))
-        .query_async(conn)
-        .await;
+    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&key).query_async(conn).await;
     match reply {
         redis::Value::Int(n) if n > 0 => Ok(()),
         other => Err(format!(
@@ -180,16 +179,14 @@ pub async fn redis_point(
     requests: u64,
 ) -> Result<BoundPoint, String> {
     let s = Scripts::get();
-    let acquire = acquire_command(
-        "lockkit:{bench/__rand_int__}",
-        "lockkit:{bench/__rand_int__}:fence",
-    );
+    let acquire = acquire_command("lockkit:{bench/__rand_int__}");
     let release: Vec<String> = [
         "EVALSHA",
         s.batch.get_hash(),
-        "1",
+        "2",
+        SHARED_COUNTER,
         "lockkit:{bench/__rand_int__}",
-        "clock-floor",
+        "shared-clock-floor",
         "R",
         OWNER,
         "0",

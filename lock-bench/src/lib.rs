@@ -4,6 +4,7 @@ mod baseline;
 mod counters;
 mod etcd_handoff;
 mod fan_out;
+mod instructions;
 mod paired;
 mod plot;
 mod progress;
@@ -20,6 +21,7 @@ use lockkit::{Locker, WakeUp};
 use serde::Serialize;
 
 pub use baseline::{Bound, BoundPoint};
+pub use instructions::{InstructionPoint, ServerInstructions};
 pub use paired::{Metric, Paired};
 pub use report::{Goal, Machine, Report, Subject};
 pub use scenarios::{Contended, Loss, ManyKeys, Uncontended};
@@ -90,6 +92,10 @@ struct Plan {
     /// Paired rounds per comparison of two clients, and each round's length.
     paired_rounds: usize,
     paired_phase: Duration,
+    /// Pairs per client and point of the server's instruction count, and
+    /// the operations per round trip it is counted at.
+    instruction_pairs: usize,
+    instruction_depths: &'static [usize],
 }
 
 impl Plan {
@@ -108,6 +114,8 @@ impl Plan {
                 fan_out_rounds: 1_000,
                 paired_rounds: 3,
                 paired_phase: Duration::from_millis(400),
+                instruction_pairs: 256,
+                instruction_depths: &[16],
             },
             Mode::Full => Plan {
                 tasks: &[1, 4, 16, 64, 256],
@@ -122,6 +130,8 @@ impl Plan {
                 fan_out_rounds: 5_000,
                 paired_rounds: 9,
                 paired_phase: Duration::from_secs(1),
+                instruction_pairs: 4_096,
+                instruction_depths: &[1, 16, 64],
             },
         }
     }
@@ -162,8 +172,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     } else {
         0
     };
-    let progress =
-        Progress::new(chosen.len() * per_subject + floors + paired::planned(&wanted) + 2);
+    let count_instructions = wanted("redis");
+    let progress = Progress::new(
+        chosen.len() * per_subject
+            + floors
+            + paired::planned(&wanted)
+            + usize::from(count_instructions)
+            + 2,
+    );
     let started = Instant::now();
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let mut report = Report::new(options.mode, report::machine().await);
@@ -388,6 +404,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         &format!("lab-{run_id}/paired"),
     )
     .await;
+    if count_instructions {
+        let _step = progress.step("Redis server instructions per pair (callgrind)".into());
+        let work_dir = std::env::temp_dir().join(format!("lockkit-callgrind-{run_id}"));
+        report.server_instructions = Some(
+            instructions::measure(plan.instruction_pairs, plan.instruction_depths, &work_dir).await,
+        );
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
     if let Some(b) = redis_bound {
         report.bounds.insert(0, b);
     }

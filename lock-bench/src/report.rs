@@ -182,6 +182,8 @@ pub struct Report {
     pub fan_out_floor: Option<crate::fan_out::FanOutFloor>,
     /// Two clients measured in turns, for the goals that compare them.
     pub paired: Vec<crate::Paired>,
+    /// The Redis server's instructions per pair, by client.
+    pub server_instructions: Option<crate::ServerInstructions>,
     /// The goals, checked.
     pub goals: Vec<Goal>,
 }
@@ -245,6 +247,7 @@ impl Report {
             bounds: Vec::new(),
             fan_out_floor: None,
             paired: Vec::new(),
+            server_instructions: None,
             goals: Vec::new(),
         }
     }
@@ -269,6 +272,12 @@ impl Report {
             if b.points.is_empty() {
                 out.push(format!("{}: no figures ({})", b.name, b.errors.join("; ")));
             }
+        }
+        if let Some(i) = &self.server_instructions
+            && i.points.is_empty()
+        {
+            let why = i.error.as_deref().unwrap_or("no point counted");
+            out.push(format!("server instructions: no figures ({why})"));
         }
         out
     }
@@ -483,6 +492,7 @@ impl Report {
         md.push_str(&self.contended_table());
         md.push_str(&self.memory_table());
         md.push_str(&self.paired_table());
+        md.push_str(&self.instructions_table());
         md.push_str(&self.goals_table());
         md.push_str("## Bounds\n\n| bound | tasks | pairs/s | pipelined pairs/s | acquire/s, release/s |\n|---|---|---|---|---|\n");
         for b in &self.bounds {
@@ -506,6 +516,13 @@ impl Report {
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
         if let Some(f) = &self.fan_out_floor {
             let _ = writeln!(md, "- **raw fan-out floor**: {}", f.method);
+        }
+        if self.server_instructions.is_some() {
+            let _ = writeln!(
+                md,
+                "- **server instructions**: {}",
+                crate::instructions::method()
+            );
         }
         for b in &self.bounds {
             let _ = writeln!(md, "- **{}**: {}", b.name, b.method);
@@ -694,6 +711,35 @@ impl Report {
                 p.ratios.len(),
                 p.median().map_or("—".into(), |m| format!("{m:.2}x")),
             );
+        }
+        md.push('\n');
+        md
+    }
+
+    fn instructions_table(&self) -> String {
+        let Some(count) = &self.server_instructions else {
+            return String::new();
+        };
+        let mut md = String::from(
+            "## Redis server instructions per acquire and release (callgrind)\n\nUser-space instructions of the server, which do not move with the host's load; the clients take turns at the same number of operations per round trip.\n\n| operations per round trip |",
+        );
+        for client in crate::instructions::CLIENTS {
+            let _ = write!(md, " {client} |");
+        }
+        md.push_str(" redis / rslock |\n|---|---|---|---|---|\n");
+        if let Some(e) = &count.error {
+            let _ = writeln!(md, "| {e} | | | | |");
+        }
+        for p in &count.points {
+            let _ = write!(md, "| {} |", p.per_round_trip);
+            for n in &p.per_pair {
+                let _ = write!(md, " {} |", rate(*n));
+            }
+            let ratio = match p.per_pair.as_slice() {
+                [redis, _, rslock] if *rslock > 0.0 => format!("{:.2}x", redis / rslock),
+                _ => "—".into(),
+            };
+            let _ = writeln!(md, " {ratio} |");
         }
         md.push('\n');
         md

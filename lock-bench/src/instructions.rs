@@ -1,0 +1,330 @@
+//! The Redis server's instructions per acquire and release, counted by
+//! callgrind: a figure that does not move with the host's load, as CPU
+//! seconds on a shared host do.
+//!
+//! A private `redis-server` runs under `valgrind --tool=callgrind`. One
+//! client drives it at a time, with the same number of operations per round
+//! trip for all: lockkit's batch script carrying N acquires, then N
+//! releases, as the single-server backend and a Redlock node send them; and
+//! rslock's commands pipelined N deep (N `SET NX PX`, then N `EVALSHA` of its
+//! release script). Between the counter's reset and its dump only the
+//! measured rounds run; user-space instructions only (the kernel's share of
+//! each system call is not counted).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lock_redis_wire::scripts::{self, Operation, TokenRule};
+use lock_redis_wire::{KeyLayout, LockKeys};
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+/// rslock 0.10's release script, as it sends it.
+const RSLOCK_RELEASE: &str = r#"
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+else
+  return 0
+end
+"#;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// The clients counted, in the report's words.
+pub const CLIENTS: [&str; 3] = ["redis (one server)", "a Redlock node", "rslock"];
+
+/// Instructions per acquire and release, at one number of operations per
+/// round trip.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstructionPoint {
+    /// Acquires (and then releases) per round trip.
+    pub per_round_trip: usize,
+    /// Instructions per pair of each client, in this order: the single-server
+    /// backend, a Redlock node, rslock.
+    pub per_pair: Vec<f64>,
+}
+
+/// What the count found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServerInstructions {
+    /// Pairs counted per client and point.
+    pub pairs: usize,
+    /// One point per number of operations per round trip.
+    pub points: Vec<InstructionPoint>,
+    /// Why there are no figures (valgrind missing, say).
+    pub error: Option<String>,
+}
+
+/// Counts `pairs` acquire+release pairs per client at each of `depths`.
+pub async fn measure(pairs: usize, depths: &[usize], work_dir: &Path) -> ServerInstructions {
+    match count(pairs, depths, work_dir).await {
+        Ok(points) => ServerInstructions {
+            pairs,
+            points,
+            error: None,
+        },
+        Err(e) => ServerInstructions {
+            pairs,
+            points: Vec::new(),
+            error: Some(e),
+        },
+    }
+}
+
+/// The method, for the report.
+pub fn method() -> String {
+    "a private redis-server under valgrind --tool=callgrind, one client at a time, N acquires then N releases per round trip: lockkit's batch script as the single-server backend sends it (shared counter) and as a Redlock node gets it (a counter per lock); rslock's SET NX PX and release script pipelined N deep; user-space instructions between callgrind_control -z and -d, divided by the pairs".into()
+}
+
+async fn count(
+    pairs: usize,
+    depths: &[usize],
+    work_dir: &Path,
+) -> Result<Vec<InstructionPoint>, String> {
+    std::fs::create_dir_all(work_dir).map_err(|e| format!("{}: {e}", work_dir.display()))?;
+    let port = free_port()?;
+    let out_file = work_dir.join("callgrind.out.%p");
+    let mut server = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .args(["redis-server", "--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("valgrind: {e} (install valgrind)"))?;
+    let pid = server.id().ok_or("valgrind exited at once")?;
+    let result = async {
+        let mut conn = connect(port, &mut server).await?;
+        let rslock_release: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RSLOCK_RELEASE)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut points = Vec::new();
+        for &depth in depths {
+            let mut per_pair = Vec::new();
+            for client in 0..CLIENTS.len() {
+                let rounds = pairs.div_ceil(depth);
+                let round = Round::new(client, depth, &rslock_release);
+                for _ in 0..5 {
+                    round.run(&mut conn).await?;
+                }
+                control(pid, "-z").await?;
+                for _ in 0..rounds {
+                    round.run(&mut conn).await?;
+                }
+                let total = dumped_total(pid, work_dir).await?;
+                per_pair.push(total as f64 / (rounds * depth) as f64);
+            }
+            points.push(InstructionPoint {
+                per_round_trip: depth,
+                per_pair,
+            });
+        }
+        Ok(points)
+    }
+    .await;
+    let _ = server.kill().await;
+    result
+}
+
+/// One client's round trip of `depth` acquires, then its `depth` releases.
+struct Round {
+    client: usize,
+    keys: Vec<LockKeys>,
+    owner: String,
+    rule: TokenRule,
+    rslock_release: String,
+}
+
+impl Round {
+    fn new(client: usize, depth: usize, rslock_release: &str) -> Round {
+        let layout = KeyLayout::default();
+        let rule = match client {
+            0 => TokenRule::SharedClockFloor {
+                counter: layout.shared_counter().into(),
+            },
+            _ => TokenRule::CounterFirst,
+        };
+        Round {
+            client,
+            keys: (0..depth)
+                .map(|i| layout.keys(&format!("count/{client}/{i}")))
+                .collect(),
+            owner: format!("{:016x}{:016x}", getrandom::u64().unwrap_or(1), client),
+            rule,
+            rslock_release: rslock_release.to_owned(),
+        }
+    }
+
+    async fn run(&self, conn: &mut MultiplexedConnection) -> Result<(), String> {
+        if self.client == 2 {
+            return self.run_rslock(conn).await;
+        }
+        let acquires: Vec<_> = self
+            .keys
+            .iter()
+            .map(|k| (k, self.owner.as_str(), Operation::acquire(TTL, false)))
+            .collect();
+        let tokens = scripts::run_batch(conn, &self.rule, &acquires)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut releases = Vec::new();
+        for (k, token) in self.keys.iter().zip(tokens) {
+            let token = token.map_err(|e| e.to_string())?;
+            if token < 1 {
+                return Err(format!("{}: not granted ({token})", k.lock));
+            }
+            let token = token as u64;
+            releases.push((k, self.owner.as_str(), Operation::Release { token }));
+        }
+        for released in scripts::run_batch(conn, &self.rule, &releases)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if released.map_err(|e| e.to_string())? != 1 {
+                return Err("a release found no grant".into());
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_rslock(&self, conn: &mut MultiplexedConnection) -> Result<(), String> {
+        let mut acquire = redis::pipe();
+        for k in &self.keys {
+            acquire
+                .cmd("SET")
+                .arg(&k.lock)
+                .arg(&self.owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(TTL.as_millis() as u64);
+        }
+        let granted: Vec<Option<String>> =
+            acquire.query_async(conn).await.map_err(|e| e.to_string())?;
+        if granted.iter().any(Option::is_none) {
+            return Err("rslock's SET NX was refused".into());
+        }
+        let mut release = redis::pipe();
+        for k in &self.keys {
+            release
+                .cmd("EVALSHA")
+                .arg(&self.rslock_release)
+                .arg(1)
+                .arg(&k.lock)
+                .arg(&self.owner);
+        }
+        let released: Vec<i64> = release.query_async(conn).await.map_err(|e| e.to_string())?;
+        if released.iter().any(|r| *r != 1) {
+            return Err("rslock's release found no grant".into());
+        }
+        Ok(())
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Connects once the server under valgrind answers (it starts slowly).
+async fn connect(port: u16, server: &mut Child) -> Result<MultiplexedConnection, String> {
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
+    let mut last = String::new();
+    for _ in 0..300 {
+        if let Ok(Some(status)) = server.try_wait() {
+            return Err(format!("redis-server under valgrind exited: {status}"));
+        }
+        match client.get_multiplexed_async_connection().await {
+            Ok(mut conn) => match redis::cmd("PING").query_async::<String>(&mut conn).await {
+                Ok(_) => return Ok(conn),
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "redis-server under valgrind did not answer in 30 s: {last}"
+    ))
+}
+
+/// `callgrind_control <what> <pid>`: `-z` zeroes the counts, `-d` dumps them.
+async fn control(pid: u32, what: &str) -> Result<(), String> {
+    let out = Command::new("callgrind_control")
+        .args([what, &pid.to_string()])
+        .output()
+        .await
+        .map_err(|e| format!("callgrind_control: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "callgrind_control {what}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Dumps the counts and reads the total of the newest dump.
+async fn dumped_total(pid: u32, work_dir: &Path) -> Result<u64, String> {
+    control(pid, "-d").await?;
+    let prefix = format!("callgrind.out.{pid}.");
+    let newest: Option<(u32, PathBuf)> = std::fs::read_dir(work_dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let n = path
+                .file_name()?
+                .to_str()?
+                .strip_prefix(&prefix)?
+                .parse()
+                .ok()?;
+            Some((n, path))
+        })
+        .max_by_key(|(n, _)| *n);
+    let (_, path) = newest.ok_or("callgrind wrote no dump")?;
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("{}: no totals line", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs valgrind and redis-server (`scripts/servers.sh install`).
+    #[tokio::test]
+    async fn a_call_carrying_many_operations_costs_the_server_less_per_pair() {
+        let dir = std::env::temp_dir().join(format!(
+            "lockkit-callgrind-test-{:x}",
+            getrandom::u64().unwrap_or(0)
+        ));
+        let count = measure(64, &[1, 16], &dir).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(count.error, None);
+        let [one, sixteen] = count.points.as_slice() else {
+            panic!("two points expected: {count:?}");
+        };
+        for p in [one, sixteen] {
+            assert_eq!(p.per_pair.len(), CLIENTS.len());
+            assert!(p.per_pair.iter().all(|n| *n > 1_000.0), "{p:?}");
+        }
+        // The batch script's cost per call is shared among its operations.
+        assert!(sixteen.per_pair[0] < one.per_pair[0], "{count:?}");
+        assert!(sixteen.per_pair[1] < one.per_pair[1], "{count:?}");
+    }
+}
