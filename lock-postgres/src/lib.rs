@@ -275,7 +275,8 @@ impl PostgresBackend {
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }
             let lock_timeout = wait.unwrap_or(rt);
-            let begin = sql::begin(ttl, lock_timeout, wait.is_some() && inner.modern);
+            let idle = sql::grant_idle_timeout(ttl, rt);
+            let begin = sql::begin(idle, lock_timeout, wait.is_some() && inner.modern);
             within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin))
                 .await?
                 .map_err(|e| errors::connect(endpoint, e))?;
@@ -314,10 +315,9 @@ impl PostgresBackend {
                     }
                     // One more statement in the holder's transaction, which drew the token: its
                     // reply proves no crash came between the token and the flush (a crash ends
-                    // every session), so the flush was of the same WAL. It also restarts the
-                    // server's TTL clock (the session's idle timer) after a known instant,
-                    // which otherwise started when the row lock was granted: after the flush,
-                    // and after any wait in the server's queue.
+                    // every session), so the flush was of the same WAL. It also sets the
+                    // server's TTL clock (the session's idle timer) to the TTL, from a known
+                    // instant: after the flush, and after any wait in the server's queue.
                     let sent = Instant::now();
                     let refresh = sqlx::query_scalar::<_, Option<bool>>(&inner.statements.extend)
                         .bind(millis(ttl).to_string())

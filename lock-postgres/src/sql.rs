@@ -288,14 +288,15 @@ pub(crate) fn sequence_problem(
     ))
 }
 
-/// Opens the lock's transaction in one round trip. The idle timeout is the
-/// TTL: a holder that stops renewing is ended by the server, which frees the
-/// row. `lock_timeout` bounds any wait (the row lock when waiting, anything
-/// else as a safety net). Values are whole milliseconds, so splicing is safe.
-pub(crate) fn begin(ttl: Duration, lock_timeout: Duration, check_client: bool) -> String {
+/// Opens the lock's transaction in one round trip. `idle` is the idle
+/// timeout while the grant is being made (see [`grant_idle_timeout`]); the
+/// grant's last statement sets it to the TTL. `lock_timeout` bounds any wait
+/// (the row lock when waiting, anything else as a safety net). Values are
+/// whole milliseconds, so splicing is safe.
+pub(crate) fn begin(idle: Duration, lock_timeout: Duration, check_client: bool) -> String {
     let mut sql = format!(
         "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL lock_timeout = {}; SET LOCAL {HELD_MARK} = 'on';",
-        millis(ttl),
+        millis(idle),
         millis(lock_timeout)
     );
     if check_client {
@@ -303,6 +304,20 @@ pub(crate) fn begin(ttl: Duration, lock_timeout: Duration, check_client: bool) -
         sql.push_str(" SET LOCAL client_connection_check_interval = 1000;");
     }
     sql
+}
+
+/// The idle timeout of a grant's transaction until the grant is handed out.
+///
+/// Between the row lock and the hand-out, the transaction sits idle while
+/// another connection flushes the token to disk. That flush may first wait
+/// for one already running, and each is bounded by the response timeout, so
+/// the transaction may idle for up to two of them; with the TTL alone as the
+/// limit, a slow disk would let the server end a grant before it is handed
+/// out. Nobody holds a lease yet, so the longer limit costs no safety; it
+/// only bounds how long a client that stalls mid-grant keeps the row. Once
+/// granted, the holder's idle limit is the TTL again.
+pub(crate) fn grant_idle_timeout(ttl: Duration, response_timeout: Duration) -> Duration {
+    ttl.saturating_add(response_timeout.saturating_mul(2))
 }
 
 /// Whole milliseconds, at least 1 (0 would mean "no timeout" to PostgreSQL).

@@ -643,3 +643,81 @@ async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
     assert_eq!(holder, None, "the failed grant kept the row locked");
     next.expect("granted once the flush could run again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
+    let Some((url, _)) = setup("").await else {
+        return;
+    };
+    let schema = own_schema();
+    let backend =
+        PostgresBackend::connect(&format!("{url}?schema={schema}&response_timeout_ms=5000"))
+            .await
+            .unwrap();
+    let locker = Locker::new(backend.clone());
+    let key = format!("{}slow-flush", prefix());
+    let ttl = lock_postgres::MIN_TTL * 2;
+
+    // Another session locks the flush's reserved row (name ''), so the next
+    // grant's flush waits in the server's lock queue until it lets go.
+    let mut blocker = plain(&url).await;
+    sqlx::raw_sql(&format!(
+        "INSERT INTO \"{schema}\".locks (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
+         BEGIN; SELECT 1 FROM \"{schema}\".locks WHERE name = '' FOR UPDATE"
+    ))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let grant = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move { locker.try_acquire(&key, ttl).await }
+    });
+    // Once the grant's flush is queued behind the blocker, the grant's own
+    // transaction holds the row and sits idle; keep it so for three TTLs.
+    // (Asked on a connection of its own: within the blocker's transaction
+    // the server would answer from one snapshot of its statistics.)
+    let mut watcher = plain(&url).await;
+    let queued = timeout(LIMIT, async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR KEY SHARE%'",
+            )
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let stalled_from = Instant::now();
+    tokio::time::sleep(ttl * 3).await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let granted = timeout(LIMIT, grant)
+        .await
+        .expect("the grant hung")
+        .unwrap();
+    let stalled = stalled_from.elapsed();
+    let holder = backend.holder_pid(&key).await.unwrap();
+    // Extended, then released: the lease works like any other.
+    let used = match granted {
+        Ok(mut lease) => {
+            let extended = locker.extend(&mut lease, ttl).await;
+            Ok((extended, locker.release(lease).await))
+        }
+        Err(e) => Err(e),
+    };
+    drop_schema(&mut blocker, &schema).await;
+
+    queued.expect("the grant's flush never queued behind the blocker");
+    assert!(stalled > ttl * 3, "the flush was held for {stalled:?} only");
+    let (extended, released) = used.expect("a flush slower than the TTL failed the grant");
+    assert!(holder.is_some(), "the granted lease's row is not locked");
+    extended.expect("the fresh lease could not be extended");
+    released.expect("the fresh lease could not be released");
+}
