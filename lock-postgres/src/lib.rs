@@ -305,11 +305,20 @@ impl PostgresBackend {
                     // sequence to an older value and hand the token out again. The flush commits,
                     // on another connection, a transaction whose commit record follows the token's
                     // record in the WAL, and waits until it is on disk.
-                    if let Err(e) = inner
+                    // The whole flush is bounded: the grant's idle limit counts on it.
+                    let flush = inner
                         .flusher
-                        .flush(&inner.conns, &inner.statements.flush, rt)
-                        .await
-                    {
+                        .flush(&inner.conns, &inner.statements.flush, rt);
+                    let budget = sql::flush_budget(rt);
+                    let flushed = within(
+                        budget,
+                        endpoint,
+                        "the fencing token's WAL flush",
+                        Box::pin(flush),
+                    )
+                    .await
+                    .and_then(|flushed| flushed);
+                    if let Err(e) = flushed {
                         inner.conns.roll_back_and_give_back(pinned, rt).await;
                         return Err(e);
                     }

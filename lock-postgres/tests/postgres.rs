@@ -595,17 +595,42 @@ async fn a_sequence_that_can_hand_out_values_below_1_is_refused() {
     }
 }
 
+/// A backend on a schema of its own, with the given response timeout: the
+/// server's URL, the schema, the backend and a locker over it.
+async fn on_own_schema(
+    response_timeout_ms: u64,
+) -> Option<(String, String, PostgresBackend, Locker)> {
+    let (url, _) = setup("").await?;
+    let schema = own_schema();
+    let backend = PostgresBackend::connect(&format!(
+        "{url}?schema={schema}&response_timeout_ms={response_timeout_ms}"
+    ))
+    .await
+    .unwrap();
+    let locker = Locker::new(backend.clone());
+    Some((url, schema, backend, locker))
+}
+
+/// A session that locks the token flush's reserved row (name '') `FOR
+/// UPDATE` in an open transaction: every flush on `schema` waits behind it
+/// until it rolls back.
+async fn flush_blocker(url: &str, schema: &str) -> PgConnection {
+    let mut blocker = plain(url).await;
+    sqlx::raw_sql(&format!(
+        "INSERT INTO \"{schema}\".locks (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
+         BEGIN; SELECT 1 FROM \"{schema}\".locks WHERE name = '' FOR UPDATE"
+    ))
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    blocker
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
-    let Some((url, _)) = setup("").await else {
+    let Some((url, schema, backend, locker)) = on_own_schema(500).await else {
         return;
     };
-    let schema = own_schema();
-    let backend =
-        PostgresBackend::connect(&format!("{url}?schema={schema}&response_timeout_ms=500"))
-            .await
-            .unwrap();
-    let locker = Locker::new(backend.clone());
     let key = format!("{}flush", prefix());
     let lease = locker
         .try_acquire(&key, Duration::from_secs(30))
@@ -613,14 +638,7 @@ async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
         .unwrap();
     locker.release(lease).await.unwrap();
 
-    // Another session locks the flush's reserved row (name '') against it.
-    let mut blocker = plain(&url).await;
-    sqlx::raw_sql(&format!(
-        "BEGIN; SELECT 1 FROM \"{schema}\".locks WHERE name = '' FOR UPDATE"
-    ))
-    .execute(&mut blocker)
-    .await
-    .unwrap();
+    let mut blocker = flush_blocker(&url, &schema).await;
     let failed = timeout(LIMIT, locker.try_acquire(&key, Duration::from_secs(30)))
         .await
         .expect("the grant hung");
@@ -646,28 +664,15 @@ async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
-    let Some((url, _)) = setup("").await else {
+    let Some((url, schema, backend, locker)) = on_own_schema(5000).await else {
         return;
     };
-    let schema = own_schema();
-    let backend =
-        PostgresBackend::connect(&format!("{url}?schema={schema}&response_timeout_ms=5000"))
-            .await
-            .unwrap();
-    let locker = Locker::new(backend.clone());
     let key = format!("{}slow-flush", prefix());
     let ttl = lock_postgres::MIN_TTL * 2;
 
-    // Another session locks the flush's reserved row (name ''), so the next
-    // grant's flush waits in the server's lock queue until it lets go.
-    let mut blocker = plain(&url).await;
-    sqlx::raw_sql(&format!(
-        "INSERT INTO \"{schema}\".locks (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
-         BEGIN; SELECT 1 FROM \"{schema}\".locks WHERE name = '' FOR UPDATE"
-    ))
-    .execute(&mut blocker)
-    .await
-    .unwrap();
+    // The next grant's flush waits in the server's lock queue until the
+    // blocker lets go.
+    let mut blocker = flush_blocker(&url, &schema).await;
     let grant = tokio::spawn({
         let (locker, key) = (locker.clone(), key.clone());
         async move { locker.try_acquire(&key, ttl).await }
@@ -679,9 +684,12 @@ async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
     let mut watcher = plain(&url).await;
     let queued = timeout(LIMIT, async {
         loop {
+            // This schema's flush, not another test's.
             let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR KEY SHARE%'",
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE '%' || $1 || '%FOR KEY SHARE%'",
             )
+            .bind(&schema)
             .fetch_one(&mut watcher)
             .await
             .unwrap();
