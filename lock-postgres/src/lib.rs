@@ -38,11 +38,11 @@ use sql::{Statements, millis};
 /// The URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
-/// The shortest TTL accepted. The TTL becomes the session's
-/// `idle_in_transaction_session_timeout`, whose clock also runs between the
-/// grant's own statements and between renewals, so it must exceed the
-/// client's round trips plus scheduling hiccups by a wide margin: below
-/// about 100 ms, a busy client would see healthy holders ended by the server.
+/// The shortest TTL accepted. Once a lock is granted, the TTL is the
+/// session's `idle_in_transaction_session_timeout`, whose clock runs between
+/// renewals, so it must exceed the client's round trips plus scheduling
+/// hiccups by a wide margin: below about 100 ms, a busy client would see
+/// healthy holders ended by the server.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// Locks held as row locks inside open PostgreSQL transactions.

@@ -307,8 +307,8 @@ pub(crate) fn begin(idle: Duration, lock_timeout: Duration, check_client: bool) 
 }
 
 /// How long a grant waits for its token's flush (see `flush.rs`): the flush
-/// may first wait for one already running, and may need a new connection,
-/// so one response timeout is too tight; past this, the grant fails.
+/// may first wait for one already running, so one response timeout is too
+/// tight; past this, the grant fails and frees the row.
 pub(crate) fn flush_budget(response_timeout: Duration) -> Duration {
     response_timeout.saturating_mul(2)
 }

@@ -75,7 +75,9 @@ async fn terminating_the_holder_fires_lost_and_lets_the_next_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_stops_renewing_is_ended_by_the_idle_timeout() {
-    let Some((_, backend)) = setup("").await else {
+    // Until a grant is handed out its idle limit is the TTL plus twice the
+    // response timeout (20 s here); the hand-out must set it to the TTL.
+    let Some((_, backend)) = setup("response_timeout_ms=10000").await else {
         return;
     };
     let key = format!("{}stalled", prefix());
@@ -88,10 +90,14 @@ async fn a_holder_that_stops_renewing_is_ended_by_the_idle_timeout() {
         .acquire(&key, Duration::from_secs(30), LIMIT)
         .await
         .expect("freed by the idle timeout");
+    let waited = started.elapsed();
     assert!(
-        started.elapsed() >= ttl / 2,
-        "granted after {:?}, before the TTL could end the holder",
-        started.elapsed()
+        waited >= ttl / 2,
+        "granted after {waited:?}, before the TTL could end the holder"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "granted after {waited:?}: the holder kept the grant's longer idle limit"
     );
     // The stalled holder learns it lost the lock (the backend is asked directly:
     // the client-side deadline check would answer first otherwise).
@@ -600,13 +606,9 @@ async fn a_sequence_that_can_hand_out_values_below_1_is_refused() {
 async fn on_own_schema(
     response_timeout_ms: u64,
 ) -> Option<(String, String, PostgresBackend, Locker)> {
-    let (url, _) = setup("").await?;
     let schema = own_schema();
-    let backend = PostgresBackend::connect(&format!(
-        "{url}?schema={schema}&response_timeout_ms={response_timeout_ms}"
-    ))
-    .await
-    .unwrap();
+    let params = format!("schema={schema}&response_timeout_ms={response_timeout_ms}");
+    let (url, backend) = setup(&params).await?;
     let locker = Locker::new(backend.clone());
     Some((url, schema, backend, locker))
 }
@@ -668,7 +670,8 @@ async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
         return;
     };
     let key = format!("{}slow-flush", prefix());
-    let ttl = lock_postgres::MIN_TTL * 2;
+    // Long enough that the checks after the grant run well within it.
+    let ttl = Duration::from_secs(1);
 
     // The next grant's flush waits in the server's lock queue until the
     // blocker lets go.
@@ -678,7 +681,7 @@ async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
         async move { locker.try_acquire(&key, ttl).await }
     });
     // Once the grant's flush is queued behind the blocker, the grant's own
-    // transaction holds the row and sits idle; keep it so for three TTLs.
+    // transaction holds the row and sits idle; keep it so for two TTLs.
     // (Asked on a connection of its own: within the blocker's transaction
     // the server would answer from one snapshot of its statistics.)
     let mut watcher = plain(&url).await;
@@ -701,7 +704,7 @@ async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
     })
     .await;
     let stalled_from = Instant::now();
-    tokio::time::sleep(ttl * 3).await;
+    tokio::time::sleep(ttl * 2).await;
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut blocker)
         .await
@@ -711,21 +714,24 @@ async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
         .expect("the grant hung")
         .unwrap();
     let stalled = stalled_from.elapsed();
-    let holder = backend.holder_pid(&key).await.unwrap();
-    // Extended, then released: the lease works like any other.
+    // Extended, its row locked, then released: the lease works like any other.
     let used = match granted {
         Ok(mut lease) => {
             let extended = locker.extend(&mut lease, ttl).await;
-            Ok((extended, locker.release(lease).await))
+            let holder = backend.holder_pid(&key).await;
+            Ok((extended, holder, locker.release(lease).await))
         }
         Err(e) => Err(e),
     };
     drop_schema(&mut blocker, &schema).await;
 
     queued.expect("the grant's flush never queued behind the blocker");
-    assert!(stalled > ttl * 3, "the flush was held for {stalled:?} only");
-    let (extended, released) = used.expect("a flush slower than the TTL failed the grant");
-    assert!(holder.is_some(), "the granted lease's row is not locked");
+    assert!(stalled > ttl * 2, "the flush was held for {stalled:?} only");
+    let (extended, holder, released) = used.expect("a flush slower than the TTL failed the grant");
     extended.expect("the fresh lease could not be extended");
+    assert!(
+        holder.unwrap().is_some(),
+        "the granted lease's row is not locked"
+    );
     released.expect("the fresh lease could not be released");
 }
