@@ -23,6 +23,13 @@ use tokio::sync::Mutex;
 
 use crate::{errors, pool::Connections, simple};
 
+/// How long a grant waits for its token's flush: the flush may first wait
+/// for one already running, so one response timeout is too tight; past
+/// this, the grant fails and frees the row.
+pub(crate) fn budget(response_timeout: Duration) -> Duration {
+    response_timeout.saturating_mul(2)
+}
+
 /// Runs flushes on one connection of its own (outside the budget of held
 /// locks), one at a time; callers that arrive while one runs share the next.
 #[derive(Default)]
@@ -49,14 +56,22 @@ impl Flusher {
 
     /// Returns once a flush that started after this call began has
     /// committed: whatever the server wrote to its WAL before this call is
-    /// then on disk. Fails if the flush meant to cover this call failed.
+    /// then on disk. Fails if the flush meant to cover this call failed, or
+    /// if that takes longer than `budget` (see [`budget`]), waiting for a
+    /// flush already running included: a grant's idle limit counts on it.
     /// `sql` is [`Statements::flush`](crate::sql::Statements).
     pub(crate) async fn flush(
         &self,
         conns: &Connections,
         sql: &str,
-        limit: Duration,
+        budget: Duration,
     ) -> Result<()> {
+        tokio::time::timeout(budget, self.flush_unbounded(conns, sql, budget))
+            .await
+            .map_err(|_| errors::timed_out(&conns.endpoint, "the fencing token's WAL flush"))?
+    }
+
+    async fn flush_unbounded(&self, conns: &Connections, sql: &str, limit: Duration) -> Result<()> {
         let need = self.counts().next;
         let mut slot = self.conn.lock().await;
         let number = {

@@ -305,20 +305,12 @@ impl PostgresBackend {
                     // sequence to an older value and hand the token out again. The flush commits,
                     // on another connection, a transaction whose commit record follows the token's
                     // record in the WAL, and waits until it is on disk.
-                    // The whole flush is bounded: the grant's idle limit counts on it.
-                    let flush = inner
-                        .flusher
-                        .flush(&inner.conns, &inner.statements.flush, rt);
-                    let budget = sql::flush_budget(rt);
-                    let flushed = within(
-                        budget,
-                        endpoint,
-                        "the fencing token's WAL flush",
-                        Box::pin(flush),
-                    )
-                    .await
-                    .and_then(|flushed| flushed);
-                    if let Err(e) = flushed {
+                    let budget = flush::budget(rt);
+                    let flushed =
+                        inner
+                            .flusher
+                            .flush(&inner.conns, &inner.statements.flush, budget);
+                    if let Err(e) = flushed.await {
                         inner.conns.roll_back_and_give_back(pinned, rt).await;
                         return Err(e);
                     }

@@ -306,24 +306,17 @@ pub(crate) fn begin(idle: Duration, lock_timeout: Duration, check_client: bool) 
     sql
 }
 
-/// How long a grant waits for its token's flush (see `flush.rs`): the flush
-/// may first wait for one already running, so one response timeout is too
-/// tight; past this, the grant fails and frees the row.
-pub(crate) fn flush_budget(response_timeout: Duration) -> Duration {
-    response_timeout.saturating_mul(2)
-}
-
 /// The idle timeout of a grant's transaction until the grant is handed out.
 ///
 /// Between the row lock and the hand-out, the transaction sits idle while
-/// another connection flushes the token to disk, for up to
-/// [`flush_budget`]. With the TTL alone as the limit, a slow disk would let
+/// another connection flushes the token to disk, for up to the flush's
+/// [`budget`](crate::flush::budget). With the TTL alone as the limit, a slow disk would let
 /// the server end a grant before it is handed out. Nobody holds a lease
 /// yet, so the longer limit costs no safety; it only bounds how long a
 /// client that stalls mid-grant keeps the row. The grant's last statement
 /// sets the limit to the TTL.
 pub(crate) fn grant_idle_timeout(ttl: Duration, response_timeout: Duration) -> Duration {
-    ttl.saturating_add(flush_budget(response_timeout))
+    ttl.saturating_add(crate::flush::budget(response_timeout))
 }
 
 /// Whole milliseconds, at least 1 (0 would mean "no timeout" to PostgreSQL).
