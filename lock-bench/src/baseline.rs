@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
-use lock_redis_wire::Scripts;
+use lock_redis_wire::{KeyLayout, Scripts};
 use serde::Serialize;
 use tokio::process::Command;
 
@@ -130,7 +130,9 @@ async fn redis_benchmark_once(
 }
 
 /// The counter all locks on the lab's single Redis share (the default prefix).
-const SHARED_COUNTER: &str = "lockkit:fence";
+fn shared_counter() -> String {
+    KeyLayout::default().shared_counter()
+}
 
 /// One acquire as lock-redis sends it for a 10 s TTL: token rule, then the
 /// TTL in ms and the owner.
@@ -138,9 +140,13 @@ const ACQUIRE_ARGV: [&str; 3] = ["shared-clock-floor", "10000", OWNER];
 
 fn acquire_command(lock: &str) -> Vec<String> {
     let s = Scripts::get();
-    let mut cmd: Vec<String> = ["EVALSHA", s.batch.get_hash(), "2", SHARED_COUNTER, lock]
-        .map(str::to_owned)
-        .to_vec();
+    let mut cmd: Vec<String> = vec![
+        "EVALSHA".into(),
+        s.batch.get_hash().into(),
+        "2".into(),
+        shared_counter(),
+        lock.into(),
+    ];
     cmd.extend(ACQUIRE_ARGV.map(str::to_owned));
     cmd
 }
@@ -180,11 +186,12 @@ pub async fn redis_point(
 ) -> Result<BoundPoint, String> {
     let s = Scripts::get();
     let acquire = acquire_command("lockkit:{bench/__rand_int__}");
+    let counter = shared_counter();
     let release: Vec<String> = [
         "EVALSHA",
         s.batch.get_hash(),
         "2",
-        SHARED_COUNTER,
+        &counter,
         "lockkit:{bench/__rand_int__}",
         "shared-clock-floor",
         "R",

@@ -1,6 +1,7 @@
 //! The Redis server's instructions per acquire and release, counted by
-//! callgrind: a figure that does not move with the host's load, as CPU
-//! seconds on a shared host do.
+//! callgrind: a figure that moves far less with the host's load than CPU
+//! seconds on a shared host do (only the server's timer work, which grows
+//! with the elapsed time, goes with it).
 //!
 //! A private `redis-server` runs under `valgrind --tool=callgrind`. One
 //! client drives it at a time, with the same number of operations per round
@@ -14,11 +15,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lock_testkit::{RedisOptions, RedisServer};
+
 use lock_redis_wire::scripts::{self, Operation, TokenRule};
 use lock_redis_wire::{KeyLayout, LockKeys};
+use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// rslock 0.10's release script, as it sends it.
 const RSLOCK_RELEASE: &str = r#"
@@ -30,6 +34,9 @@ end
 "#;
 
 const TTL: Duration = Duration::from_secs(10);
+
+/// The dump files' names, before the PID and the dump's number.
+const DUMP_PREFIX: &str = "callgrind.out.";
 
 /// The clients counted, in the report's words.
 pub const CLIENTS: [&str; 3] = ["redis (one server)", "a Redlock node", "rslock"];
@@ -57,8 +64,8 @@ pub struct ServerInstructions {
 }
 
 /// Counts `pairs` acquire+release pairs per client at each of `depths`.
-pub async fn measure(pairs: usize, depths: &[usize], work_dir: &Path) -> ServerInstructions {
-    match count(pairs, depths, work_dir).await {
+pub async fn measure(pairs: usize, depths: &[usize]) -> ServerInstructions {
+    match count(pairs, depths).await {
         Ok(points) => ServerInstructions {
             pairs,
             points,
@@ -77,59 +84,56 @@ pub fn method() -> String {
     "a private redis-server under valgrind --tool=callgrind, one client at a time, N acquires then N releases per round trip: lockkit's batch script as the single-server backend sends it (shared counter) and as a Redlock node gets it (a counter per lock); rslock's SET NX PX and release script pipelined N deep; user-space instructions between callgrind_control -z and -d, divided by the pairs".into()
 }
 
-async fn count(
-    pairs: usize,
-    depths: &[usize],
-    work_dir: &Path,
-) -> Result<Vec<InstructionPoint>, String> {
-    std::fs::create_dir_all(work_dir).map_err(|e| format!("{}: {e}", work_dir.display()))?;
-    let port = free_port()?;
-    let out_file = work_dir.join("callgrind.out.%p");
-    let mut server = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}", out_file.display()))
-        .args(["redis-server", "--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("valgrind: {e} (install valgrind)"))?;
-    let pid = server.id().ok_or("valgrind exited at once")?;
-    let result = async {
-        let mut conn = connect(port, &mut server).await?;
-        let rslock_release: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(RSLOCK_RELEASE)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut points = Vec::new();
-        for &depth in depths {
-            let mut per_pair = Vec::new();
-            for client in 0..CLIENTS.len() {
-                let rounds = pairs.div_ceil(depth);
-                let round = Round::new(client, depth, &rslock_release);
-                for _ in 0..5 {
-                    round.run(&mut conn).await?;
-                }
-                control(pid, "-z").await?;
-                for _ in 0..rounds {
-                    round.run(&mut conn).await?;
-                }
-                let total = dumped_total(pid, work_dir).await?;
-                per_pair.push(total as f64 / (rounds * depth) as f64);
+async fn count(pairs: usize, depths: &[usize]) -> Result<Vec<InstructionPoint>, String> {
+    // The dumps land in the server's own directory, removed with it.
+    let options = RedisOptions {
+        wrapper: vec![
+            "valgrind".into(),
+            "--tool=callgrind".into(),
+            format!("--callgrind-out-file={DUMP_PREFIX}%p"),
+        ],
+        ..RedisOptions::default()
+    };
+    let server = tokio::task::spawn_blocking(move || RedisServer::start_with(options))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("redis-server under valgrind: {e} (install valgrind)"))?;
+    let pid = server.pid().ok_or("redis-server under valgrind exited")?;
+    // No response timeout: under callgrind a call runs tens of times slower.
+    let config = AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut conn = redis::Client::open(server.url())
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let rslock_release: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RSLOCK_RELEASE)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut points = Vec::new();
+    for &depth in depths {
+        let mut per_pair = Vec::new();
+        for client in 0..CLIENTS.len() {
+            let rounds = pairs.div_ceil(depth);
+            let round = Round::new(client, depth, &rslock_release);
+            for _ in 0..5 {
+                round.run(&mut conn).await?;
             }
-            points.push(InstructionPoint {
-                per_round_trip: depth,
-                per_pair,
-            });
+            control(pid, "-z").await?;
+            for _ in 0..rounds {
+                round.run(&mut conn).await?;
+            }
+            let total = dumped_total(pid, server.dir()).await?;
+            per_pair.push(total as f64 / (rounds * depth) as f64);
         }
-        Ok(points)
+        points.push(InstructionPoint {
+            per_round_trip: depth,
+            per_pair,
+        });
     }
-    .await;
-    let _ = server.kill().await;
-    result
+    Ok(points)
 }
 
 /// One client's round trip of `depth` acquires, then its `depth` releases.
@@ -226,37 +230,6 @@ impl Round {
     }
 }
 
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
-}
-
-/// Connects once the server under valgrind answers (it starts slowly).
-async fn connect(port: u16, server: &mut Child) -> Result<MultiplexedConnection, String> {
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
-    let mut last = String::new();
-    for _ in 0..300 {
-        if let Ok(Some(status)) = server.try_wait() {
-            return Err(format!("redis-server under valgrind exited: {status}"));
-        }
-        match client.get_multiplexed_async_connection().await {
-            Ok(mut conn) => match redis::cmd("PING").query_async::<String>(&mut conn).await {
-                Ok(_) => return Ok(conn),
-                Err(e) => last = e.to_string(),
-            },
-            Err(e) => last = e.to_string(),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!(
-        "redis-server under valgrind did not answer in 30 s: {last}"
-    ))
-}
-
 /// `callgrind_control <what> <pid>`: `-z` zeroes the counts, `-d` dumps them.
 async fn control(pid: u32, what: &str) -> Result<(), String> {
     let out = Command::new("callgrind_control")
@@ -275,10 +248,10 @@ async fn control(pid: u32, what: &str) -> Result<(), String> {
 }
 
 /// Dumps the counts and reads the total of the newest dump.
-async fn dumped_total(pid: u32, work_dir: &Path) -> Result<u64, String> {
+async fn dumped_total(pid: u32, dir: &Path) -> Result<u64, String> {
     control(pid, "-d").await?;
-    let prefix = format!("callgrind.out.{pid}.");
-    let newest: Option<(u32, PathBuf)> = std::fs::read_dir(work_dir)
+    let prefix = format!("{DUMP_PREFIX}{pid}.");
+    let newest: Option<(u32, PathBuf)> = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
         .filter_map(|e| {
             let path = e.ok()?.path();
@@ -306,15 +279,19 @@ async fn dumped_total(pid: u32, work_dir: &Path) -> Result<u64, String> {
 mod tests {
     use super::*;
 
-    /// Needs valgrind and redis-server (`scripts/servers.sh install`).
+    /// Needs valgrind and redis-server (`scripts/servers.sh install`);
+    /// skipped without valgrind unless `LOCKKIT_REQUIRE_SERVERS=1`.
     #[tokio::test]
     async fn a_call_carrying_many_operations_costs_the_server_less_per_pair() {
-        let dir = std::env::temp_dir().join(format!(
-            "lockkit-callgrind-test-{:x}",
-            getrandom::u64().unwrap_or(0)
-        ));
-        let count = measure(64, &[1, 16], &dir).await;
-        let _ = std::fs::remove_dir_all(&dir);
+        let has_valgrind = std::process::Command::new("valgrind")
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !has_valgrind && std::env::var("LOCKKIT_REQUIRE_SERVERS").as_deref() != Ok("1") {
+            eprintln!("skipped: valgrind is not installed (`scripts/servers.sh install`)");
+            return;
+        }
+        let count = measure(64, &[1, 16]).await;
         assert_eq!(count.error, None);
         let [one, sixteen] = count.points.as_slice() else {
             panic!("two points expected: {count:?}");

@@ -406,11 +406,8 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     .await;
     if count_instructions {
         let _step = progress.step("Redis server instructions per pair (callgrind)".into());
-        let work_dir = std::env::temp_dir().join(format!("lockkit-callgrind-{run_id}"));
-        report.server_instructions = Some(
-            instructions::measure(plan.instruction_pairs, plan.instruction_depths, &work_dir).await,
-        );
-        let _ = std::fs::remove_dir_all(&work_dir);
+        report.server_instructions =
+            Some(instructions::measure(plan.instruction_pairs, plan.instruction_depths).await);
     }
     if let Some(b) = redis_bound {
         report.bounds.insert(0, b);

@@ -721,13 +721,15 @@ impl Report {
             return String::new();
         };
         let mut md = String::from(
-            "## Redis server instructions per acquire and release (callgrind)\n\nUser-space instructions of the server, which do not move with the host's load; the clients take turns at the same number of operations per round trip.\n\n| operations per round trip |",
+            "## Redis server instructions per acquire and release (callgrind)\n\nUser-space instructions of the server, which move far less with the host's load than CPU time (only its timer work grows with elapsed time); the clients take turns at the same number of operations per round trip.\n\n| operations per round trip |",
         );
         for client in crate::instructions::CLIENTS {
             let _ = write!(md, " {client} |");
         }
         md.push_str(" redis / rslock |\n|---|---|---|---|---|\n");
         if let Some(e) = &count.error {
+            // One line, and no column break: the error may quote a server log.
+            let e = e.replace('|', "\\|").replace('\n', " ");
             let _ = writeln!(md, "| {e} | | | | |");
         }
         for p in &count.points {

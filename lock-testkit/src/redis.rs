@@ -35,6 +35,11 @@ pub struct RedisOptions {
     /// bus on a free port of its own (the default, the port + 10000, may
     /// not be free), over TLS when `tls` is set.
     pub cluster_node: bool,
+    /// A program to run `redis-server` under, with its arguments (e.g.
+    /// `["valgrind", "--tool=callgrind"]`): the server's path and arguments
+    /// follow them. It runs in the server's directory
+    /// ([`RedisServer::dir`]), and its PID is [`RedisServer::pid`].
+    pub wrapper: Vec<String>,
 }
 
 /// How a [`RedisServer`] serves TLS: its certificate, the CA it trusts,
@@ -137,9 +142,19 @@ impl RedisServer {
                 }
             }
             args.extend(options.extra_args.iter().map(OsString::from));
+            let program = match options.wrapper.split_first() {
+                Some((wrapper, wrapper_args)) => {
+                    let mut all: Vec<OsString> = wrapper_args.iter().map(OsString::from).collect();
+                    all.push(binary.clone().into());
+                    all.append(&mut args);
+                    args = all;
+                    find_binary(wrapper)?
+                }
+                None => binary.clone(),
+            };
             let process = Process::new(Spec {
                 name: format!("redis-server 127.0.0.1:{port}"),
-                program: binary.clone(),
+                program,
                 args,
                 cwd: dir.path().to_path_buf(),
                 log: dir.path().join("redis.log"),
