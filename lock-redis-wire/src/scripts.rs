@@ -21,8 +21,10 @@
 //!
 //! Where the counter lives is the [`TokenRule`]'s choice:
 //! - a single server keeps **one counter for all its locks**
-//!   ([`TokenRule::SharedClockFloor`]): a call reads it once and writes it
-//!   once, however many locks it grants. The counter has no TTL: it is one
+//!   ([`TokenRule::SharedClockFloor`]): however many locks a call grants,
+//!   it reads the counter with one `SET ... GET` (which also moves it up to
+//!   the clock) at its first acquire, granted or not, and writes it once
+//!   more at its end only if its tokens went past that clock reading. The counter has no TTL: it is one
 //!   key, and while it lives it also covers a clock that steps back. A
 //!   holder's token is then known to the holder only (the operator's view
 //!   shows none);
@@ -282,8 +284,9 @@ pub enum TokenRule {
     CounterFirst,
     /// `max(counter + 1, server clock in µs)` with one counter, this key
     /// ([`KeyLayout::shared_counter`](crate::KeyLayout::shared_counter)),
-    /// for every lock on the server: read and written once per call,
-    /// however many locks it grants. For a single server.
+    /// for every lock on the server: one `SET ... GET` per call that
+    /// acquires, and one `SET` at its end when its tokens passed the
+    /// clock, however many locks it grants. For a single server.
     SharedClockFloor {
         /// The shared counter's key.
         counter: Arc<str>,

@@ -271,3 +271,81 @@ async fn with_a_shared_counter_a_failed_operation_spoils_nothing_else() {
         "counter {counter} below token {highest}"
     );
 }
+
+/// Acquires that say others wait (`W`, one argument more), plain acquires
+/// and releases, mixed in one call, under each way of taking tokens: every
+/// operation reads its own arguments, so each answer is its own; only the
+/// release of the grant acquired as waited for is published, and a refused
+/// acquire marks the grant it found.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_mixing_waited_for_acquires_plain_acquires_and_releases_answers_each() {
+    use lock_redis_wire::scripts::{Operation, run_batch};
+    let server = RedisServer::start().expect("start redis");
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let layout = KeyLayout::default();
+    let rules = [
+        TokenRule::SharedClockFloor {
+            counter: layout.shared_counter().into(),
+        },
+        TokenRule::ClockFloor,
+        TokenRule::CounterFirst,
+    ];
+    for (n, rule) in rules.iter().enumerate() {
+        let [a, b, c] = ["a", "b", "c"].map(|k| layout.keys(&format!("mixed/{n}/{k}")));
+        let (mine, theirs) = (OwnerToken::random().to_hex(), OwnerToken::random().to_hex());
+        let waited = Operation::acquire(TTL, true);
+        let plain = Operation::acquire(TTL, false);
+        let release = Operation::Release { token: 0 };
+        let published = server.command_calls("publish").expect("INFO");
+        let answers: Vec<i64> = run_batch(
+            &mut conn,
+            rule,
+            &[
+                (&a, &mine, waited),
+                (&b, &mine, plain),
+                (&c, &mine, plain),
+                (&c, &theirs, plain),
+                (&b, &mine, release),
+                (&a, &mine, release),
+                (&c, &theirs, release),
+            ],
+        )
+        .await
+        .expect("the call")
+        .into_iter()
+        .map(|answer| answer.expect("an operation failed"))
+        .collect();
+        let [ta, tb, tc, refused, b_released, a_released, c_not_theirs] = answers[..] else {
+            panic!("{rule:?}: seven answers expected, got {answers:?}");
+        };
+        assert!(
+            ta >= 1 && tb >= 1 && tc >= 1,
+            "{rule:?}: tokens {ta}, {tb}, {tc}"
+        );
+        // With one counter for all locks, tokens increase across locks too.
+        if matches!(rule, TokenRule::SharedClockFloor { .. }) {
+            assert!(
+                tb > ta && tc > tb,
+                "{rule:?}: {ta}, {tb}, {tc} do not increase"
+            );
+        }
+        assert!(refused < -1, "{rule:?}: a held lock answered {refused}");
+        assert_eq!(
+            (b_released, a_released, c_not_theirs),
+            (1, 1, 0),
+            "{rule:?}: releases"
+        );
+        assert_eq!(
+            server.command_calls("publish").expect("INFO") - published,
+            1,
+            "{rule:?}: only the release of the grant others wait for publishes"
+        );
+        // The refused acquire marked the grant it found.
+        let c_value = server.cli(&["GET", &c.lock]).expect("GET");
+        assert_eq!(c_value.trim(), format!("{mine}+"), "{rule:?}: C's grant");
+    }
+}

@@ -136,7 +136,7 @@ impl RedisBackend {
             settings.endpoints[0].clone()
         };
         let batcher = match &conn {
-            // One counter for every lock: a call reads and writes it once,
+            // One counter for every lock: a call touches it once or twice,
             // however many locks it grants.
             Conn::Single(c) => Some(Batcher::start(
                 c.clone(),
