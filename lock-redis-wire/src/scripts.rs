@@ -245,10 +245,24 @@ redis.call('SET', KEYS[1], string.format('%.0f', value), 'PX', keep)
 return value
 "#;
 
+/// `KEYS[1]` lock. A waiter that has just subscribed to the lock's release
+/// channel marks the grant it finds as waited for, as a refused acquire
+/// does, so that its release publishes: a grant taken meanwhile by a client
+/// that knew of no waiter would otherwise be released without a message.
+/// Returns 1 when the lock is held, 0 when it is free.
+pub const MARK_WAITED_FOR_LUA: &str = r#"
+local value = redis.call('GET', KEYS[1])
+if not value then return 0 end
+if string.byte(value, -1) ~= 43 then
+  redis.call('SET', KEYS[1], value .. '+', 'XX', 'KEEPTTL')
+end
+return 1
+"#;
+
 /// The largest counter value the scripts handle exactly (Lua numbers are doubles).
 pub const MAX_COUNTER: u64 = (1 << 53) - 1;
 
-/// The three scripts, hashed once.
+/// The scripts, hashed once.
 #[derive(Debug)]
 pub struct Scripts {
     /// [`BATCH_LUA`]: acquires and releases.
@@ -257,12 +271,15 @@ pub struct Scripts {
     pub extend: Script,
     /// [`WRITE_BACK_LUA`].
     pub write_back: Script,
+    /// [`MARK_WAITED_FOR_LUA`].
+    pub mark_waited_for: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     batch: Script::new(BATCH_LUA),
     extend: Script::new(EXTEND_LUA),
     write_back: Script::new(WRITE_BACK_LUA),
+    mark_waited_for: Script::new(MARK_WAITED_FOR_LUA),
 });
 
 impl Scripts {
@@ -572,6 +589,13 @@ pub async fn extend<C: ConnectionLike>(
         .invoke_async(conn)
         .await?;
     Ok(extended == 1)
+}
+
+/// Marks the grant of `lock` (a lock key), if there is one, as waited for
+/// (see [`MARK_WAITED_FOR_LUA`]). Returns whether the lock is held.
+pub async fn mark_waited_for<C: ConnectionLike>(conn: &mut C, lock: &str) -> RedisResult<bool> {
+    let held: i64 = SCRIPTS.mark_waited_for.key(lock).invoke_async(conn).await?;
+    Ok(held == 1)
 }
 
 /// Raises the key's counter to at least `value` (keeping it at least `ttl`

@@ -4,9 +4,11 @@
 //! A waiter registers when the wait loop asks for its future, but subscribes
 //! only when the future is first polled, which the loop does only after a
 //! contended attempt, so uncontended acquires cost no round trip. Once
-//! subscribed it checks that the lock key still exists: a release between the
+//! subscribed it checks that the lock is still held: a release between the
 //! contended attempt and the subscription is seen there instead of being
-//! missed. Anything that fails here (no RESP3, a dropped subscription
+//! missed. The check also marks the grant it finds as waited for, so that
+//! its release publishes: a client that knew of no waiter may have taken
+//! the lock meanwhile, and its grant would otherwise be released silently. Anything that fails here (no RESP3, a dropped subscription
 //! connection) only leaves the waiter to lock-core's polling.
 //!
 //! SUBSCRIBE and UNSUBSCRIBE are sent by a task of their own per channel,
@@ -22,7 +24,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use lock_core::WakeUpFuture;
-use lock_redis_wire::RedisSettings;
+use lock_redis_wire::{RedisSettings, scripts};
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult};
 use tokio::sync::{Notify, OnceCell, mpsc, watch};
@@ -105,7 +107,8 @@ impl Wakeups {
     }
 
     /// A future that completes when `lock_key` is released (published on
-    /// `channel`) or found gone. `conn` checks the key after subscribing.
+    /// `channel`) or found gone. `conn` checks the key after subscribing,
+    /// marking the grant it finds as waited for.
     pub(crate) fn on_release(
         &self,
         channel: String,
@@ -123,13 +126,9 @@ impl Wakeups {
                 notified.set(waiter.notify.notified());
                 return std::future::pending().await;
             }
-            match redis::cmd("EXISTS")
-                .arg(&lock_key)
-                .query_async::<i64>(&mut conn)
-                .await
-            {
-                Ok(0) => return,
-                Ok(_) => {}
+            match scripts::mark_waited_for(&mut conn, &lock_key).await {
+                Ok(false) => return,
+                Ok(true) => {}
                 Err(e) => tracing::debug!(error = %e, "checking the lock after subscribing failed"),
             }
             notified.await;

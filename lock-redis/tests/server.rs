@@ -108,7 +108,10 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
         ..LockerOptions::default()
     });
     let held = locker.try_acquire("handoff", TTL).await.unwrap();
-    let attempts_before = command_calls(&server, "evalsha");
+    // Attempts share script calls (see the batcher), so they are counted
+    // by what only a refused one runs: `PTTL`, for the holder's remaining
+    // TTL.
+    let refused_before = command_calls(&server, "pttl");
 
     let waiters: Vec<_> = (0..3)
         .map(|_| {
@@ -124,9 +127,13 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
         })
         .collect();
     // Every waiter has tried twice (before and after subscribing), lost,
-    // and is now subscribed.
+    // is subscribed, and has checked the lock once subscribed: until the
+    // release, only that check reads the lock with `GET`.
     timeout(Duration::from_secs(20), async {
-        while subscribers(&server) != 1 || command_calls(&server, "evalsha") < attempts_before + 6 {
+        while subscribers(&server) != 1
+            || command_calls(&server, "pttl") < refused_before + 6
+            || command_calls(&server, "get") < 3
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -152,11 +159,11 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
             woke - released
         );
     }
-    // Each release woke one waiter, which took the lock: the release and
-    // the three waiters' grants and releases, no refused attempt (a herd).
+    // Each release woke one waiter, which took the lock: no attempt was
+    // refused after the release (a herd).
     assert_eq!(
-        command_calls(&server, "evalsha") - attempts_before,
-        6 + 7,
+        command_calls(&server, "pttl") - refused_before,
+        6,
         "a release woke more than one waiter"
     );
     // The last waiter gone, the channel is unsubscribed.
@@ -167,6 +174,47 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
     })
     .await
     .expect("the release channel stayed subscribed after the waiters left");
+}
+
+/// A grant taken by a client that knew of no waiter is released without a
+/// message. A waiter that finds such a grant once subscribed (taken while
+/// it subscribed, after its refused attempt) marks it, so its release still
+/// wakes the waiter. The wake-up future alone never polls: without the
+/// message it would never complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_marks_the_grant_it_finds_once_subscribed_so_its_release_wakes_it() {
+    let server = RedisServer::start().expect("start redis");
+    let holder = Locker::new(connect(&server).await);
+    let waiter = connect(&server).await;
+    let held = holder.try_acquire("handoff", TTL).await.unwrap();
+    assert!(
+        !grant_value(&server).ends_with('+'),
+        "marked before anyone waited"
+    );
+
+    let key = lock_core::validate::key("handoff", &waiter.capabilities().limits).unwrap();
+    let woken = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
+    timeout(Duration::from_secs(10), async {
+        while !grant_value(&server).ends_with('+') {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the subscribed waiter did not mark the grant it found");
+    assert_eq!(subscribers(&server), 1);
+
+    holder.release(held).await.unwrap();
+    timeout(Duration::from_secs(10), woken)
+        .await
+        .expect("the release of the grant found did not wake the waiter")
+        .unwrap();
+    assert_eq!(command_calls(&server, "publish"), 1);
+}
+
+/// The value of the grant of the lock `handoff`: its owner token, with `+`
+/// once marked as waited for.
+fn grant_value(server: &RedisServer) -> String {
+    server.cli(&["GET", "lockkit:{handoff}"]).unwrap()
 }
 
 /// A wait that ends while its SUBSCRIBE is still unanswered must not leave
@@ -266,7 +314,8 @@ async fn a_waiter_keeps_its_subscription_across_poll_rounds() {
         .acquire("rounds", TTL, Duration::from_millis(500))
         .await;
     assert!(matches!(polled, Err(Error::TimedOut { .. })), "{polled:?}");
-    let attempts = command_calls(&server, "evalsha");
+    // Each refused attempt asks the holder's remaining TTL.
+    let attempts = command_calls(&server, "pttl");
     assert!(
         attempts > 20,
         "only {attempts} attempts: too few rounds to tell"

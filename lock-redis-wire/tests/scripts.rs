@@ -1,0 +1,58 @@
+//! The scripts against a private Redis, where their effect on the server is
+//! the point.
+
+use std::time::Duration;
+
+use lock_core::OwnerToken;
+use lock_redis_wire::KeyLayout;
+use lock_redis_wire::scripts::{Operation, TokenRule, mark_waited_for, run_batch};
+use lock_testkit::RedisServer;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Marking a grant as waited for keeps its owner (it still releases) and
+/// its expiry (a mark never makes a grant outlive its TTL), marks once, and
+/// makes its release publish; a free lock stays free.
+#[tokio::test(flavor = "current_thread")]
+async fn marking_a_grant_waited_for_keeps_its_owner_and_expiry() {
+    let server = RedisServer::start().expect("start redis");
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let layout = KeyLayout::default();
+    let keys = layout.keys("marked");
+    let rule = TokenRule::SharedClockFloor {
+        counter: layout.shared_counter().into(),
+    };
+    let owner = OwnerToken::random().to_hex();
+
+    let free = mark_waited_for(&mut conn, &keys.lock).await.expect("mark");
+    assert!(!free, "a free lock was reported held");
+    assert_eq!(server.cli(&["EXISTS", &keys.lock]).unwrap(), "0");
+
+    let acquire = Operation::acquire(TTL, false);
+    let granted = run_batch(&mut conn, &rule, &[(&keys, &owner, acquire)])
+        .await
+        .expect("acquire");
+    assert!(*granted[0].as_ref().expect("granted") >= 1);
+    for _ in 0..2 {
+        let held = mark_waited_for(&mut conn, &keys.lock).await.expect("mark");
+        assert!(held, "a held lock was reported free");
+        let value = server.cli(&["GET", &keys.lock]).unwrap();
+        assert_eq!(value, format!("{owner}+"), "marked once, owner kept");
+    }
+    let pttl: i64 = server.cli(&["PTTL", &keys.lock]).unwrap().parse().unwrap();
+    assert!(
+        pttl > 0 && pttl <= TTL.as_millis() as i64,
+        "the mark changed the expiry: PTTL {pttl}"
+    );
+
+    let release = Operation::Release { token: 7 };
+    let released = run_batch(&mut conn, &rule, &[(&keys, &owner, release)])
+        .await
+        .expect("release");
+    assert_eq!(*released[0].as_ref().expect("released"), 1);
+    assert_eq!(server.command_calls("publish").expect("INFO"), 1);
+}
