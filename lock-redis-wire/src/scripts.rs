@@ -23,11 +23,11 @@
 //! - a single server keeps **one counter for all its locks**
 //!   ([`TokenRule::SharedClockFloor`]): however many locks a call grants,
 //!   it reads the counter with one `SET ... GET` (which also moves it up to
-//!   the clock) at its first acquire, granted or not, and writes it once
-//!   more at its end only if its tokens went past that clock reading. The counter has no TTL: it is one
-//!   key, and while it lives it also covers a clock that steps back. A
-//!   holder's token is then known to the holder only (the operator's view
-//!   shows none);
+//!   the clock) at its first grant (a refused acquire leaves it alone),
+//!   and writes it once more at its end only if its tokens went past that
+//!   clock reading. The counter has no TTL: it is one key, and while it
+//!   lives it also covers a clock that steps back. A holder's token is then
+//!   known to the holder only (the operator's view shows none);
 //! - a lock on Redis Cluster keeps **a counter of its own** in its hash slot
 //!   ([`TokenRule::ClockFloor`]), since one call may only touch one slot. It
 //!   only has to live until the server's clock passes its value, and is
@@ -165,19 +165,28 @@ local function acquire(lock, counter, value, ttl)
 end
 
 -- The shared counter: read (and moved up to the clock) at the batch's first
--- acquire, written at its end. `last`: the highest token it must cover.
+-- grant, written at its end. `last`: the highest token it must cover. A
+-- refused acquire leaves it alone.
 local last
+local function read_shared_counter()
+  read_clock()
+  local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
+  last = (old and old >= now) and old or now - 1
+end
+
 local function acquire_shared(lock, value, ttl)
-  if not last then
-    read_clock()
-    local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
-    last = (old and old >= now) and old or now - 1
-  end
-  local token = last + 1
   local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
   if holder then return refused(lock, holder) end
-  last = token
-  return token
+  if not last then
+    local ok, err = pcall(read_shared_counter)
+    if not ok then
+      -- No token, no grant.
+      redis.call('DEL', lock)
+      error(err)
+    end
+  end
+  last = last + 1
+  return last
 end
 
 local out, n, k, a = {}, 0, 1, 2
@@ -302,7 +311,7 @@ pub enum TokenRule {
     /// `max(counter + 1, server clock in µs)` with one counter, this key
     /// ([`KeyLayout::shared_counter`](crate::KeyLayout::shared_counter)),
     /// for every lock on the server: one `SET ... GET` per call that
-    /// acquires, and one `SET` at its end when its tokens passed the
+    /// grants, and one `SET` at its end when its tokens passed the
     /// clock, however many locks it grants. For a single server.
     SharedClockFloor {
         /// The shared counter's key.

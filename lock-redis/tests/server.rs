@@ -584,7 +584,8 @@ async fn concurrent_operations_share_script_calls_and_keep_their_own_answers() {
 }
 
 /// A shared counter of the wrong type fails the acquires with the server's
-/// error and grants nothing, and releases, which do not touch it, still work.
+/// error and grants nothing, also when many share a script call. A refused
+/// acquire and a release, which do not touch it, still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_shared_counter_fails_acquires_and_grants_nothing() {
     let server = RedisServer::start().expect("start redis");
@@ -595,19 +596,29 @@ async fn a_broken_shared_counter_fails_acquires_and_grants_nothing() {
         .cli(&["RPUSH", "lockkit:fence", "not a counter"])
         .unwrap();
 
-    let err = locker
-        .try_acquire("broken", TTL)
-        .await
-        .expect_err("granted on a broken counter");
+    let attempts: Vec<_> = (0..16)
+        .map(|i| {
+            let locker = locker.clone();
+            tokio::spawn(async move { locker.try_acquire(&format!("broken/{i}"), TTL).await })
+        })
+        .collect();
+    for attempt in attempts {
+        let err = attempt
+            .await
+            .unwrap()
+            .expect_err("granted on a broken counter");
+        assert!(
+            matches!(err, Error::Backend { .. }) && err.to_string().contains("WRONGTYPE"),
+            "{err}"
+        );
+    }
+    let left = server.cli(&["KEYS", "lockkit:{broken/*}"]).unwrap();
     assert!(
-        matches!(err, Error::Backend { .. }) && err.to_string().contains("WRONGTYPE"),
-        "{err}"
+        left.trim().is_empty(),
+        "failed acquires left grants behind: {left}"
     );
-    assert_eq!(
-        server.cli(&["EXISTS", "lockkit:{broken}"]).unwrap(),
-        "0",
-        "the failed acquire left a grant behind"
-    );
+    let refused = locker.try_acquire("held", TTL).await.unwrap_err();
+    assert!(refused.is_contended(), "{refused}");
     locker.release(held).await.expect("release");
     assert_eq!(server.cli(&["EXISTS", "lockkit:{held}"]).unwrap(), "0");
 }
