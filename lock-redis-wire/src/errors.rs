@@ -50,11 +50,25 @@ pub fn map_error(backend: &'static str, endpoint: &str, err: RedisError) -> Erro
             source: Some(Box::new(err)),
         };
     }
+    let message = match older_server_hint(&err) {
+        Some(hint) => format!("{endpoint}: {err}; {hint}"),
+        None => format!("{endpoint}: {err}"),
+    };
     Error::Backend {
         backend,
-        message: format!("{endpoint}: {err}"),
+        message,
         source: Some(Box::new(err)),
     }
+}
+
+/// Every command the backends send is valid on Redis 7.0 and later, so a
+/// syntax error from the server means an older one (Redis 6.2 refuses
+/// `SET ... NX ... GET`, which the lock scripts run): say so, rather than
+/// leave the user to decode a script's error.
+fn older_server_hint(err: &RedisError) -> Option<&'static str> {
+    err.to_string()
+        .contains("syntax error")
+        .then_some("the server refused the syntax of a lock script's command: lockkit needs Redis 7.0 or newer")
 }
 
 /// The error for a server that did not answer within `after`.
@@ -95,6 +109,27 @@ mod tests {
             map_error("redis", "redis://h:1", other),
             Error::Backend { .. }
         ));
+        // How Redis 6.2 answers the lock script's `SET ... NX ... GET`,
+        // in a call of one operation and as one operation of many.
+        let older = [
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "An error was signalled by the server",
+                "syntax error script: 4f1c, on @user_script:95.".to_owned(),
+            )),
+            RedisError::from((
+                ErrorKind::Extension,
+                "a lock operation failed in the batch script",
+                "ERR syntax error script: 4f1c, on @user_script:95.".to_owned(),
+            )),
+        ];
+        for err in older {
+            let e = map_error("redis", "redis://h:1", err);
+            assert!(
+                matches!(e, Error::Backend { .. }) && e.to_string().contains("Redis 7.0 or newer"),
+                "{e}"
+            );
+        }
         assert!(
             timed_out(
                 "redis",
