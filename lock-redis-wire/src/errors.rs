@@ -50,25 +50,28 @@ pub fn map_error(backend: &'static str, endpoint: &str, err: RedisError) -> Erro
             source: Some(Box::new(err)),
         };
     }
-    let message = match older_server_hint(&err) {
-        Some(hint) => format!("{endpoint}: {err}; {hint}"),
-        None => format!("{endpoint}: {err}"),
-    };
     Error::Backend {
         backend,
-        message,
+        message: format!("{endpoint}: {}", describe(&err)),
         source: Some(Box::new(err)),
     }
 }
 
+/// The client error's text, with what it means where the text does not say.
+///
 /// Every command the backends send is valid on Redis 7.0 and later, so a
 /// syntax error from the server means an older one (Redis 6.2 refuses
-/// `SET ... NX ... GET`, which the lock scripts run): say so, rather than
-/// leave the user to decode a script's error.
-fn older_server_hint(err: &RedisError) -> Option<&'static str> {
-    err.to_string()
-        .contains("syntax error")
-        .then_some("the server refused the syntax of a lock script's command: lockkit needs Redis 7.0 or newer")
+/// `SET ... NX ... GET`, which the lock scripts run): the text says so,
+/// rather than leave the user to decode a script's error.
+pub fn describe(err: &RedisError) -> String {
+    let text = err.to_string();
+    if text.contains("syntax error") {
+        format!(
+            "{text}; the server refused the syntax of a lock script's command: lockkit needs Redis 7.0 or newer"
+        )
+    } else {
+        text
+    }
 }
 
 /// The error for a server that did not answer within `after`.

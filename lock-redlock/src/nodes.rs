@@ -87,7 +87,7 @@ impl Nodes {
                 let asked = asked?;
                 Some(match tokio::time::timeout(timeout, asked).await {
                     Ok(Ok(answer)) => Ok(answer),
-                    Ok(Err(e)) => Err(e.to_string()),
+                    Ok(Err(e)) => Err(lock_redis_wire::errors::describe(&e)),
                     Err(_) => Err(format!("no answer within {timeout:?}")),
                 })
             }
