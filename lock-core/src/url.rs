@@ -67,6 +67,14 @@ impl ServerUrl {
             return Err(bad(format!("`{scheme}` is not a valid scheme")));
         }
         let scheme = scheme.to_ascii_lowercase();
+        if user_info_breaks_the_url(rest) {
+            return Err(bad(
+                "the user info holds a character that must be percent-encoded \
+                 (`/` as %2F, `?` as %3F, `#` as %23, `,` as %2C), or a server \
+                 without credentials comes before one with them (give them first)"
+                    .into(),
+            ));
+        }
         let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(authority_end);
         if authority.is_empty() {
@@ -211,10 +219,19 @@ impl fmt::Debug for ServerUrl {
 /// A URL fit for logs and errors: the password (anything between `:` and
 /// `@` in each server's user info) is replaced by `***`, and the query is
 /// dropped, since query options may carry secrets too.
+///
+/// A password holding a character the URL should have encoded breaks the
+/// URL up in the wrong places, so a piece of it could pass for a host, a
+/// port or a path: then everything up to the last `@` is hidden.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".to_owned();
     };
+    if user_info_breaks_the_url(rest) {
+        let after = &rest[rest.rfind('@').map_or(0, |at| at + 1)..];
+        let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+        return format!("{scheme}://***@{}", &after[..host_end]);
+    }
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
     let path = tail.split(['?', '#']).next().unwrap_or("");
@@ -229,6 +246,20 @@ pub fn redact(url: &str) -> String {
         })
         .collect();
     format!("{scheme}://{}{path}", servers.join(","))
+}
+
+/// Whether user info (what comes before an `@`) runs past where the URL's
+/// servers seem to end: an `@` after the first `/`, `?` or `#` (one of them
+/// in a password), or a server without `@` ahead of one with it (a `,` in
+/// a password). Valid URLs only trip this when a server without
+/// credentials comes before one with them, which is then refused too.
+fn user_info_breaks_the_url(rest: &str) -> bool {
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let parts: Vec<&str> = authority.split(',').collect();
+    let last_with_user_info = parts.iter().rposition(|p| p.contains('@'));
+    tail.contains('@')
+        || last_with_user_info.is_some_and(|last| parts[..last].iter().any(|p| !p.contains('@')))
 }
 
 fn decode(s: &str) -> String {
@@ -324,5 +355,34 @@ mod tests {
         );
         assert_eq!(redact("redlock://:a@h1,:b@h2"), "redlock://:***@h1,:***@h2");
         assert_eq!(redact("garbage"), "<not a URL>");
+    }
+
+    /// A password with a character the URL should have encoded: neither
+    /// the refusal nor the redacted URL shows any piece of it.
+    #[test]
+    fn a_password_that_breaks_the_url_is_refused_without_showing_it() {
+        for (input, host) in [
+            ("redlock://app:Xq,Zk@h1:6379,h2", "h1:6379,h2"),
+            ("redis://app:Xq/Zk@h:6379/0", "h:6379"),
+            ("redis://app:Xq#Zk@h", "h"),
+            ("redis://app:Xq?Zk@h/0?timeout_ms=5", "h"),
+        ] {
+            let err = ServerUrl::parse(input).expect_err(input).to_string();
+            assert!(err.contains("percent-encoded"), "{input}: {err}");
+            for piece in ["Xq", "Zk"] {
+                assert!(!err.contains(piece), "{input}: `{piece}` in {err}");
+            }
+            assert_eq!(
+                redact(input),
+                format!("{}://***@{host}", &input[..input.find(':').unwrap()])
+            );
+        }
+        // An `@` in the password is taken as part of it, as URLs do.
+        let u = ServerUrl::parse("redis://app:p@ss@h").unwrap();
+        assert_eq!(
+            u.servers[0].password.as_ref().map(Secret::expose),
+            Some("p@ss")
+        );
+        assert_eq!(redact("redis://app:p@ss@h"), "redis://app:***@h");
     }
 }
