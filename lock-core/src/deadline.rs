@@ -27,16 +27,23 @@ impl Default for DriftMargin {
 }
 
 impl DriftMargin {
-    /// The margin for a given TTL.
+    /// The margin for a given TTL. A fraction outside 0..=1 counts as the
+    /// nearer end, and one that is not a number as the whole TTL (the safe
+    /// side: every grant is then refused as past its deadline).
     pub fn for_ttl(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.fraction.clamp(0.0, 1.0)) + self.fixed
+        let fraction = if self.fraction.is_nan() {
+            1.0
+        } else {
+            self.fraction.clamp(0.0, 1.0)
+        };
+        ttl.mul_f64(fraction).saturating_add(self.fixed)
     }
 
     /// The deadline of a grant whose request was sent at `sent_at`: the
     /// server starts the TTL no earlier than it received the request, so
     /// counting from the send time errs on the safe side.
     pub fn deadline(&self, sent_at: Instant, ttl: Duration, extra: Duration) -> Instant {
-        let margin = self.for_ttl(ttl) + extra;
+        let margin = self.for_ttl(ttl).saturating_add(extra);
         sent_at + ttl.saturating_sub(margin)
     }
 }
@@ -52,6 +59,25 @@ mod tests {
             m.for_ttl(Duration::from_secs(10)),
             Duration::from_millis(102)
         );
+    }
+
+    /// Odd settings (the fields are public) give a margin on the safe
+    /// side, never a panic.
+    #[test]
+    fn odd_margins_err_on_the_safe_side_without_panicking() {
+        let ttl = Duration::from_secs(10);
+        let not_a_number = DriftMargin {
+            fraction: f64::NAN,
+            fixed: Duration::ZERO,
+        };
+        assert_eq!(not_a_number.for_ttl(ttl), ttl);
+        let huge = DriftMargin {
+            fraction: f64::INFINITY,
+            fixed: Duration::MAX,
+        };
+        assert_eq!(huge.for_ttl(ttl), Duration::MAX);
+        let sent = Instant::now();
+        assert_eq!(huge.deadline(sent, ttl, Duration::MAX), sent);
     }
 
     #[test]

@@ -36,7 +36,9 @@ impl GuardOptions {
         self
     }
 
-    /// Renews at this interval instead of TTL/3.
+    /// Renews at this interval instead of TTL/3. It must be shorter than
+    /// the lease's validity (the TTL less the drift margin):
+    /// [`Locker::guard`] refuses one that is not.
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self

@@ -14,6 +14,10 @@ use crate::{
     LockBackend, LockKey, LostReason, OwnerToken, Result, Waiting, validate,
 };
 
+/// The longest wait: about 30 years, as far as any clock here can count
+/// ahead (what a wait of `Duration::MAX` means).
+const FOREVER: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+
 /// Settings of a [`Locker`] that apply to every backend.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LockerOptions {
@@ -129,7 +133,11 @@ impl Locker {
             let started = Instant::now();
             let waiting = Waiting {
                 started,
-                until: started + wait,
+                // A wait too long for the clock (`Duration::MAX` for
+                // "forever") waits as long as the clock can count.
+                until: started
+                    .checked_add(wait)
+                    .unwrap_or_else(|| started + FOREVER),
                 backoff: self.options.backoff,
             };
             let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
@@ -200,6 +208,18 @@ impl Locker {
     /// Takes `key` (waiting up to `options.wait`) and keeps it renewed until
     /// the guard is released or dropped. See [`LockGuard`].
     pub async fn guard(&self, key: &str, options: GuardOptions) -> Result<LockGuard> {
+        let ttl = self.ttl(options.ttl)?;
+        let validity = ttl.saturating_sub(self.options.drift.for_ttl(ttl));
+        let every = options.renew_interval();
+        if every >= validity {
+            return Err(Error::invalid(
+                "renew_every",
+                format!(
+                    "renew_every is {every:?}, not shorter than the lease's validity of {validity:?} \
+                     (the TTL of {ttl:?} less the drift margin): the lease would lapse before its first renewal"
+                ),
+            ));
+        }
         let lease = self.acquire(key, options.ttl, options.wait).await?;
         Ok(LockGuard::spawn(
             self.clone(),

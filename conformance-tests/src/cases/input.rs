@@ -26,9 +26,10 @@ fn expect_invalid<T: std::fmt::Debug>(
     }
 }
 
-/// Empty, oversized and unstorable keys, and zero, too short, inexact or
-/// absurd TTLs, give a typed error naming the field and the limit, through
-/// every entry point, and leave nothing held.
+/// Empty, oversized and unstorable keys, zero, too short, inexact or absurd
+/// TTLs, and a guard that would renew only after its lease lapsed, give a
+/// typed error naming the field and the limit, through every entry point,
+/// and leave nothing held. A wait of `Duration::MAX` is no error.
 pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
     let l = &fx.locker;
     let limits = l.capabilities().limits;
@@ -106,6 +107,14 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
         );
     }
 
+    expect_invalid(
+        l.guard(&key, GuardOptions::new(LONG_TTL).renew_every(LONG_TTL))
+            .await,
+        "renew_every",
+        "validity",
+        "a guard renewing only after its lease lapsed",
+    );
+
     let mut lease = l
         .try_acquire(&key, LONG_TTL)
         .await
@@ -125,6 +134,13 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
     l.release(lease)
         .await
         .expect("the refused extends did not disturb the grant");
+
+    // A wait too long for the clock to count means "as long as it takes".
+    let lease = l
+        .acquire(&key, LONG_TTL, Duration::MAX)
+        .await
+        .expect("a free lock, waiting without end");
+    l.release(lease).await.expect("release");
 }
 
 /// The declared capabilities hang together.
