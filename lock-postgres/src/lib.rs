@@ -6,10 +6,10 @@ mod fence;
 mod flush;
 mod pool;
 mod sql;
+mod transaction;
 
 use std::any::Any;
 use std::fmt;
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use lock_core::{
     async_trait,
 };
 use sqlx::postgres::{PgConnection, PgQueryResult};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout};
 
 pub(crate) type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -30,6 +30,7 @@ pub use sql::SCHEMA_SQL;
 /// The driver, re-exported so that code using [`LockTransaction`] or
 /// [`FenceTable`] names the same version.
 pub use sqlx;
+pub use transaction::LockTransaction;
 
 use flush::Flusher;
 use pool::{Connections, Pinned};
@@ -198,7 +199,7 @@ impl PostgresBackend {
             Some(pinned) if !pinned.busy => pinned.wrote = true,
             _ => return Err(Error::lost(key, LostReason::NotHeld)),
         }
-        Ok(LockTransaction { guard })
+        Ok(LockTransaction::new(guard))
     }
 
     /// The server process id of the session holding `key`, if any: an
@@ -548,71 +549,5 @@ impl LockBackend for PostgresBackend {
                 e,
             )),
         }
-    }
-}
-
-/// The open transaction holding a lock, for writing data in it: those
-/// writes commit when the lease is released, and only if the session kept
-/// the lock all along. If the server ended the holder (idle longer than the
-/// TTL, terminated, connection lost), the writes fail or roll back with it,
-/// so no other holder can ever see them: fencing for free.
-///
-/// It dereferences to the connection; run statements on `&mut *tx`:
-///
-/// ```no_run
-/// # async fn demo() -> lock_core::Result<()> {
-/// use std::time::Duration;
-/// use lock_core::Locker;
-/// use lock_postgres::{PostgresBackend, sqlx};
-///
-/// let backend = PostgresBackend::connect("postgres://app@db/app").await?;
-/// let locker = Locker::new(backend.clone());
-/// let lease = locker.acquire("invoice/42", Duration::from_secs(10), Duration::from_secs(5)).await?;
-/// {
-///     let mut tx = backend.transaction(&lease).await?;
-///     sqlx::query("UPDATE invoices SET state = 'sent' WHERE id = 42")
-///         .execute(&mut *tx)
-///         .await
-///         .map_err(|e| lock_core::Error::Backend { backend: "postgres", message: e.to_string(), source: None })?;
-/// } // drop the guard before releasing or renewing
-/// // Release commits the writes. An error here means they did not persist.
-/// locker.release(lease).await?;
-/// # Ok(()) }
-/// ```
-///
-/// - A failed statement aborts the lock's transaction: release then reports
-///   the failure and the lock is freed; wrap statements in `SAVEPOINT`s
-///   (or `tx.begin()`) to recover from errors and keep the lock.
-/// - Never `COMMIT` or `ROLLBACK` through it: that ends the lock.
-/// - Renewal and release wait while the guard is alive, so keep it short.
-pub struct LockTransaction {
-    guard: OwnedMutexGuard<Option<Pinned>>,
-}
-
-impl fmt::Debug for LockTransaction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockTransaction").finish_non_exhaustive()
-    }
-}
-
-impl Deref for LockTransaction {
-    type Target = PgConnection;
-    fn deref(&self) -> &PgConnection {
-        // Checked when the guard was made, and nothing empties the slot while it is locked.
-        &self
-            .guard
-            .as_ref()
-            .expect("a LockTransaction always holds its connection")
-            .conn
-    }
-}
-
-impl DerefMut for LockTransaction {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self
-            .guard
-            .as_mut()
-            .expect("a LockTransaction always holds its connection")
-            .conn
     }
 }

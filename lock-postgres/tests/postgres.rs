@@ -137,7 +137,7 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
         .await
         .unwrap();
     sqlx::query(&write(1))
-        .execute(&mut *backend.transaction(&lease).await.unwrap())
+        .execute(&mut backend.transaction(&lease).await.unwrap())
         .await
         .unwrap();
     locker.release(lease).await.unwrap();
@@ -149,7 +149,7 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
         .await
         .unwrap();
     sqlx::query(&write(2))
-        .execute(&mut *backend.transaction(&lease).await.unwrap())
+        .execute(&mut backend.transaction(&lease).await.unwrap())
         .await
         .unwrap();
     tokio::time::sleep(ttl * 5).await;
@@ -168,7 +168,7 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
     .await;
     let mut tx = backend.transaction(&lease).await.unwrap();
     assert!(
-        sqlx::query(&write(3)).execute(&mut *tx).await.is_err(),
+        sqlx::query(&write(3)).execute(&mut tx).await.is_err(),
         "a write after termination succeeded"
     );
     drop(tx);
@@ -187,6 +187,58 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
         vec![1],
         "only the write of the holder that kept its lock may persist"
     );
+}
+
+/// The documented way to recover from a failed statement: a savepoint.
+/// The holder keeps the lock and its writes before and after the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savepoint_recovers_from_a_failed_statement_and_keeps_the_lock() {
+    let Some((url, backend)) = setup("").await else {
+        return;
+    };
+    let key = format!("{}savepoint", prefix());
+    let locker = Locker::new(backend.clone());
+    let mut check = plain(&url).await;
+    let table = format!("lockkit_test_{:016x}", getrandom::u64().unwrap());
+    sqlx::raw_sql(&format!("CREATE TABLE {table} (id int PRIMARY KEY)"))
+        .execute(&mut check)
+        .await
+        .unwrap();
+
+    let lease = locker
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut tx = backend.transaction(&lease).await.unwrap();
+    let mut run = async |sql: String| sqlx::raw_sql(&sql).execute(&mut tx).await.map(|_| ());
+    run(format!("INSERT INTO {table} VALUES (1)"))
+        .await
+        .unwrap();
+    run("SAVEPOINT s".into()).await.unwrap();
+    let duplicate = run(format!("INSERT INTO {table} VALUES (1)")).await;
+    run("ROLLBACK TO SAVEPOINT s".into()).await.unwrap();
+    run(format!("INSERT INTO {table} VALUES (2)"))
+        .await
+        .unwrap();
+    drop(tx);
+    let still_held = locker.try_acquire(&key, Duration::from_secs(30)).await;
+    let released = locker.release(lease).await;
+
+    let ids: Vec<i32> = sqlx::query_scalar(&format!("SELECT id FROM {table} ORDER BY id"))
+        .fetch_all(&mut check)
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+        .execute(&mut check)
+        .await
+        .unwrap();
+    assert!(duplicate.is_err(), "the duplicate insert succeeded");
+    assert!(
+        still_held.as_ref().is_err_and(|e| e.is_contended()),
+        "the lock was not held after the savepoint: {still_held:?}"
+    );
+    released.expect("release commits the writes");
+    assert_eq!(ids, vec![1, 2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
