@@ -71,6 +71,11 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// so it wakes one waiter, not one per node. A fencing token is no secret
 /// (resources are given it); the owner token is never published.
 ///
+/// An acquire that finds its own owner's grant (an earlier attempt that ran,
+/// though its caller saw an error and tried again) grants it anew, for the
+/// TTL asked now and with a fresh token: without that, a caller retrying
+/// after a timeout would wait for its own grant to expire.
+///
 /// Returns one integer per operation, in an array (a batch of one: the
 /// integer alone, which is cheaper for the server to send). Acquire: the
 /// fencing token (at least 1) when granted; when held, `-1 - remaining TTL
@@ -130,6 +135,24 @@ local function refused(lock, holder)
   return -1 - redis.call('PTTL', lock)
 end
 
+-- Whether `holder` is the grant of the owner asking again (`value`, with or
+-- without the mark): its earlier acquire ran, but the caller saw an error (a
+-- timeout, a dropped connection) and tried again.
+local function own(holder, value)
+  local owner = value
+  if string.byte(value, -1) == 43 then owner = string.sub(value, 1, -2) end
+  return holder == owner or holder == owner .. '+'
+end
+
+-- The owner's earlier grant is granted anew, for the TTL asked now, keeping
+-- its mark; a fresh token follows, above the one nobody was handed.
+local function regrant(lock, holder, value, ttl)
+  if string.byte(holder, -1) == 43 and string.byte(value, -1) ~= 43 then
+    value = value .. '+'
+  end
+  redis.call('SET', lock, value, 'XX', 'PX', ttl)
+end
+
 -- A counter per lock.
 local function next_token(counter, ttl)
   local token = 1
@@ -154,7 +177,10 @@ end
 
 local function acquire(lock, counter, value, ttl)
   local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
-  if holder then return refused(lock, holder) end
+  if holder then
+    if not own(holder, value) then return refused(lock, holder) end
+    regrant(lock, holder, value, ttl)
+  end
   local ok, token = pcall(next_token, counter, ttl)
   if not ok then
     -- No token, no grant.
@@ -176,7 +202,10 @@ end
 
 local function acquire_shared(lock, value, ttl)
   local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
-  if holder then return refused(lock, holder) end
+  if holder then
+    if not own(holder, value) then return refused(lock, holder) end
+    regrant(lock, holder, value, ttl)
+  end
   if not last then
     local ok, err = pcall(read_shared_counter)
     if not ok then

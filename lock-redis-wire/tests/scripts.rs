@@ -56,3 +56,62 @@ async fn marking_a_grant_waited_for_keeps_its_owner_and_expiry() {
     assert_eq!(*released[0].as_ref().expect("released"), 1);
     assert_eq!(server.command_calls("publish").expect("INFO"), 1);
 }
+
+/// An owner whose earlier acquire ran although it saw an error (a timeout,
+/// a dropped connection) and asks again is granted anew, with a fresh,
+/// higher token and the TTL asked now, keeping the grant's mark; another
+/// owner is still refused. Under every token rule.
+#[tokio::test(flavor = "current_thread")]
+async fn an_owner_asking_again_is_granted_anew_with_a_higher_token() {
+    let server = RedisServer::start().expect("start redis");
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let layout = KeyLayout::default();
+    let rules = [
+        TokenRule::SharedClockFloor {
+            counter: layout.shared_counter().into(),
+        },
+        TokenRule::ClockFloor,
+        TokenRule::CounterFirst,
+    ];
+    for (n, rule) in rules.iter().enumerate() {
+        let keys = layout.keys(&format!("again/{n}"));
+        let (owner, other) = (OwnerToken::random().to_hex(), OwnerToken::random().to_hex());
+        let short = Operation::acquire(Duration::from_secs(5), false);
+        let marked = Operation::acquire(TTL, true);
+        let answers: Vec<i64> = run_batch(
+            &mut conn,
+            rule,
+            &[
+                (&keys, &owner, short),
+                (&keys, &other, short),
+                (&keys, &owner, marked),
+                (&keys, &owner, short),
+            ],
+        )
+        .await
+        .expect("the call")
+        .into_iter()
+        .map(|answer| answer.expect("an operation failed"))
+        .collect();
+        let [first, refused, again, once_more] = answers[..] else {
+            panic!("{rule:?}: four answers expected, got {answers:?}");
+        };
+        assert!(first >= 1, "{rule:?}: first grant {first}");
+        assert!(refused < -1, "{rule:?}: another owner answered {refused}");
+        assert!(
+            again > first && once_more > again,
+            "{rule:?}: tokens {first}, {again}, {once_more} do not increase"
+        );
+        let value = server.cli(&["GET", &keys.lock]).unwrap();
+        assert_eq!(value, format!("{owner}+"), "{rule:?}: the mark was lost");
+        let pttl: i64 = server.cli(&["PTTL", &keys.lock]).unwrap().parse().unwrap();
+        assert!(
+            pttl > 0 && pttl <= 5000,
+            "{rule:?}: the last acquire's TTL was not applied: PTTL {pttl}"
+        );
+    }
+}
