@@ -262,11 +262,12 @@ fn user_info_breaks_the_url(rest: &str) -> bool {
         || last_with_user_info.is_some_and(|last| parts[..last].iter().any(|p| !p.contains('@')))
 }
 
+/// Percent-decodes a user name or password. Not form decoding: a `+` in
+/// user info is a plus, not a space.
 fn decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -377,6 +378,13 @@ mod tests {
                 format!("{}://***@{host}", &input[..input.find(':').unwrap()])
             );
         }
+        // A `+` is a plus, an encoded character is decoded.
+        let u = ServerUrl::parse("redis://us%20er:a+b%2Fc@h").unwrap();
+        assert_eq!(u.servers[0].username.as_deref(), Some("us er"));
+        assert_eq!(
+            u.servers[0].password.as_ref().map(Secret::expose),
+            Some("a+b/c")
+        );
         // An `@` in the password is taken as part of it, as URLs do.
         let u = ServerUrl::parse("redis://app:p@ss@h").unwrap();
         assert_eq!(
