@@ -225,7 +225,14 @@ impl Shared {
             .get_or_try_init(|| self.open())
             .await?
             .clone();
-        conn.subscribe(channel).await
+        match conn.subscribe(channel).await {
+            // A connection lost in an outage may answer with the error of its
+            // last failed reconnection, and only then reconnect: ask again.
+            Err(e) if e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() => {
+                conn.subscribe(channel).await
+            }
+            other => other,
+        }
     }
 
     /// Opens the subscription connection on the first server that answers,
@@ -257,7 +264,8 @@ impl Shared {
 /// before it looked passes the wake-up on to the next one (tokio's
 /// `Notify`); one gone after it looked costs the others latency until
 /// their next poll, never liveness. Wakes everyone when the subscription
-/// connection drops, since messages may have been missed.
+/// connection drops, since messages may have been missed, and marks every
+/// channel unsubscribed, so that waiters subscribe again.
 async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo>) {
     while let Some(push) = rx.recv().await {
         let Some(shared) = shared.upgrade() else {
@@ -274,7 +282,15 @@ async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo
                     c.notify.notify_one();
                 }
             }
-            PushKind::Disconnection => channels.values().for_each(|c| c.notify.notify_waiters()),
+            PushKind::Disconnection => {
+                // The server dropped every subscription with the connection
+                // (and the client may not reconnect until asked): the next
+                // waiter of each channel subscribes again.
+                for c in channels.values() {
+                    c.state.send_replace(Subscription::Unconfirmed);
+                    c.notify.notify_waiters();
+                }
+            }
             _ => {}
         }
     }

@@ -211,6 +211,65 @@ async fn a_waiter_marks_the_grant_it_finds_once_subscribed_so_its_release_wakes_
     assert_eq!(command_calls(&server, "publish"), 1);
 }
 
+/// An outage drops the subscription connection: the waiters are woken, and
+/// later waiters subscribe again once the server is back, so release
+/// messages still arrive, also for a lock whose waiters never all left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_messages_arrive_again_after_a_server_outage() {
+    let server = RedisServer::start().expect("start redis");
+    let holder = Locker::new(connect(&server).await);
+    let waiter = connect(&server).await;
+    let key = lock_core::validate::key("handoff", &waiter.capabilities().limits).unwrap();
+    let held = holder.try_acquire("handoff", TTL).await.unwrap();
+    // Registered, never polled: the channel keeps a waiter throughout.
+    let _stays = waiter.on_release(&key).await.expect("wake-ups");
+    let first = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
+    timeout(Duration::from_secs(10), async {
+        while subscribers(&server) != 1 || !grant_value(&server).ends_with('+') {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the first waiter never subscribed");
+    drop(held);
+
+    server.kill().expect("kill");
+    timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the lost subscription did not wake the waiter")
+        .unwrap();
+    // The outage itself: longer than the client's reconnection attempts,
+    // after which it reconnects only when asked to send something.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.restart().expect("restart");
+    let held = try_acquire_until_up(&holder, "handoff").await;
+    // As a waiting acquire does: an attempt, refused, then the wake-up.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Locker::new(waiter.clone())
+            .try_acquire("handoff", TTL)
+            .await
+        {
+            Err(e) if e.is_contended() => break,
+            Err(e) if e.is_unavailable() && Instant::now() < give_up => {}
+            other => panic!("the waiter's attempt after the restart: {other:?}"),
+        }
+    }
+    let second = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
+    timeout(Duration::from_secs(10), async {
+        while subscribers(&server) != 1 || !grant_value(&server).ends_with('+') {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiter did not subscribe again after the restart");
+    holder.release(held).await.unwrap();
+    timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the release after the restart did not wake the waiter")
+        .unwrap();
+}
+
 /// The value of the grant of the lock `handoff`: its owner token, with `+`
 /// once marked as waited for.
 fn grant_value(server: &RedisServer) -> String {
