@@ -323,6 +323,7 @@ impl PostgresBackend {
                     let sent = Instant::now();
                     let refresh = sqlx::query_scalar::<_, Option<bool>>(&inner.statements.extend)
                         .bind(millis(ttl).to_string())
+                        .bind(millis(rt).to_string())
                         .fetch_one(&mut *conn);
                     match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await? {
                         Ok(Some(true)) => {}
@@ -488,6 +489,7 @@ impl LockBackend for PostgresBackend {
         pinned.busy = true;
         let check = sqlx::query_scalar::<_, Option<bool>>(&self.inner.statements.extend)
             .bind(millis(ttl).to_string())
+            .bind(millis(self.inner.response_timeout).to_string())
             .fetch_one(&mut pinned.conn);
         let outcome = timeout(self.inner.response_timeout, check).await;
         pinned.busy = false;

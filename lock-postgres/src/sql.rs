@@ -103,7 +103,9 @@ pub(crate) struct Statements {
     pub lock_nowait: String,
     /// The same, waiting in the server's lock queue up to `lock_timeout`.
     pub lock_wait: String,
-    /// Whether the lock's transaction is still open, and the new idle timeout.
+    /// Whether the lock's transaction is still open, and the new idle
+    /// timeout (`$1`); `lock_timeout` goes back to the response timeout
+    /// (`$2`), from the wait's time left, for the holder's own statements.
     pub extend: String,
     /// The server process holding a key's row lock.
     pub holder_pid: String,
@@ -134,7 +136,8 @@ impl Statements {
             lock_nowait: lock(" NOWAIT"),
             lock_wait: lock(""),
             extend: format!(
-                "SELECT current_setting('{HELD_MARK}', true) = 'on', set_config('idle_in_transaction_session_timeout', $1, true)"
+                "SELECT current_setting('{HELD_MARK}', true) = 'on', \
+                 set_config('idle_in_transaction_session_timeout', $1, true), set_config('lock_timeout', $2, true)"
             ),
             flush: format!(
                 "BEGIN; SET LOCAL synchronous_commit = on; \

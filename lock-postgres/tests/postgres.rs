@@ -189,6 +189,28 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
     );
 }
 
+/// A waiting acquire bounds its wait in the server with `lock_timeout` set
+/// to the time left; once granted, the holder's own statements get the
+/// response timeout back, not what was left of the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeout() {
+    let Some((_, backend)) = setup("response_timeout_ms=4000").await else {
+        return;
+    };
+    let key = format!("{}lock-timeout", prefix());
+    let locker = Locker::new(backend.clone());
+    let lease = locker
+        .acquire(&key, Duration::from_secs(30), Duration::from_millis(300))
+        .await
+        .unwrap();
+    let shown: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(&mut backend.transaction(&lease).await.unwrap())
+        .await
+        .unwrap();
+    locker.release(lease).await.unwrap();
+    assert_eq!(shown, "4s");
+}
+
 /// The documented way to recover from a failed statement: a savepoint.
 /// The holder keeps the lock and its writes before and after the failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
