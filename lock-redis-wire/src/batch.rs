@@ -75,12 +75,20 @@ pub enum Handout {
 
 /// A lock and the owner asking for it: what one operation names, shared by
 /// the batchers of all the servers it goes to.
-#[derive(Debug)]
 pub struct Claim {
     keys: LockKeys,
     owner: String,
     /// FNV-1a of the lock key and the owner, for the batcher's bookkeeping.
     id: u64,
+}
+
+/// Without the owner token, which is a secret.
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("lock", &self.keys.lock)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Claim {
@@ -321,4 +329,20 @@ async fn send<C: ConnectionLike>(
         .collect();
     let answers = scripts::run_batch(&mut conn, &rule, &operations).await;
     (batch, answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_debug_output_hides_the_owner_token() {
+        let owner = OwnerToken::random();
+        let claim = Claim::new(crate::KeyLayout::default().keys("k"), &owner);
+        let shown = format!("{claim:?}");
+        assert!(
+            shown.contains("lockkit:{k}") && !shown.contains(&owner.to_hex()),
+            "{shown}"
+        );
+    }
 }

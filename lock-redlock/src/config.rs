@@ -49,6 +49,16 @@ impl RedlockOptions {
 
     /// These options with any the URL's query sets instead.
     pub(crate) fn with_url(mut self, url: &ServerUrl, settings: &RedisSettings) -> Result<Self> {
+        // Every Redis backend reads it, but here it would bound nothing: a
+        // node's answer is bounded by the per-node timeout.
+        if url.param("response_timeout_ms").is_some() {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{url}: `response_timeout_ms` does not apply to Redlock; each node's answer is bounded by `node_timeout_ms`"
+                ),
+            ));
+        }
         if let Some(t) = url.millis_param("node_timeout_ms")? {
             self.node_timeout = t;
         }
@@ -119,6 +129,10 @@ mod tests {
         for (input, expected) in [
             ("redlock://a:1?node_timeout_ms=fast", "node_timeout_ms"),
             ("redlock://a:1?node_timeout_ms=0", "at least 1 ms"),
+            (
+                "redlock://:pw@a:1?response_timeout_ms=20",
+                "bounded by `node_timeout_ms`",
+            ),
             ("redis://:pw@a:1", "not redis://"),
             (
                 "redlock://:pw@a:1?node_timout_ms=5",
