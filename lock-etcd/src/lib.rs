@@ -774,16 +774,32 @@ impl LockBackend for EtcdBackend {
         Ok(held)
     }
 
+    /// Deletes the holder's entry, and only that entry (by its create
+    /// revision). Revoking its lease instead could take another lock away:
+    /// had the holder released meanwhile, its lease may already be back in
+    /// use, bound to an entry of another lock. The holder learns of the loss
+    /// from its loss signal or its next renewal.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        match self.holder(key.as_str()).await? {
-            Some(holder) => match self.revoke_lease(holder.lease_id).await {
-                Ok(()) => Ok(true),
-                // Expired or released meanwhile: nothing was held any more.
-                Err(Error::Backend { .. }) => Ok(false),
-                Err(e) => Err(e),
-            },
-            None => Ok(false),
-        }
+        let queue = self.queue(key);
+        let resp = self
+            .call("get holder", |mut c| {
+                let queue = queue.clone();
+                async move { c.get(queue.prefix(), Some(queue.head())).await }
+            })
+            .await?;
+        let Some(head) = resp.kvs().first() else {
+            return Ok(false);
+        };
+        let entry = head.key().to_vec();
+        let delete = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                entry.clone(),
+                etcd_client::CompareOp::Equal,
+                head.create_revision(),
+            )])
+            .and_then([etcd_client::TxnOp::delete(entry, None)]);
+        // Not deleted: released or expired meanwhile, nothing held any more.
+        Ok(self.txn("force release", delete).await?.succeeded())
     }
 
     /// Fires when the holder's entry is deleted: its lease revoked or

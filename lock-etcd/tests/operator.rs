@@ -38,11 +38,24 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     );
 
     let lost = guard.lost();
+    let etcd = EtcdBackend::connect(&url).await.expect("connect");
+    let lease_id = etcd
+        .holder(guard.key().as_str())
+        .await
+        .expect("holder")
+        .expect("held")
+        .lease_id;
     assert!(
         backend
             .force_release(guard.key())
             .await
             .expect("force release")
+    );
+    // Only the entry goes: the lease may already serve another lock when a
+    // forced release lands (see `force_release`), so it is not revoked.
+    assert!(
+        lease_lives(&url, lease_id).await,
+        "the holder's lease was revoked"
     );
     tokio::time::timeout(Duration::from_secs(10), lost)
         .await
@@ -55,4 +68,23 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     );
     locker.release(other).await.expect("release");
     assert!(backend.inspect(&prefix).await.expect("inspect").is_empty());
+}
+
+/// Whether the etcd lease `id` exists on the cluster at `url`.
+async fn lease_lives(url: &str, id: i64) -> bool {
+    let endpoints: Vec<String> = lock_core::url::ServerUrl::parse(url)
+        .expect("url")
+        .servers
+        .iter()
+        .map(|s| s.address(2379))
+        .collect();
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("a client of our own");
+    let left = client
+        .lease_time_to_live(id, None)
+        .await
+        .expect("lease time-to-live");
+    // etcd answers -1 for a lease it does not know.
+    left.ttl() > 0
 }
