@@ -79,10 +79,22 @@ impl RedisOptions {
         Ok(self)
     }
 
-    /// Replaces the connect and response timeouts.
-    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+    /// Replaces the connect and response timeouts; each must be at least
+    /// 1 ms (a zero timeout would fail every call).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Result<Self> {
+        for (name, value) in [
+            ("connect_timeout", timeouts.connect),
+            ("response_timeout", timeouts.response),
+        ] {
+            if value < Duration::from_millis(1) {
+                return Err(Error::invalid(
+                    name,
+                    format!("{name} is {value:?}; it must be at least 1 ms"),
+                ));
+            }
+        }
         self.settings.timeouts = timeouts;
-        self
+        Ok(self)
     }
 }
 
@@ -359,6 +371,27 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_timeouts_are_refused_naming_which() {
+        let options = || RedisOptions::from_url("redis://h:6379").unwrap();
+        let zero_response = Timeouts {
+            response: Duration::ZERO,
+            ..Timeouts::default()
+        };
+        let err = options().with_timeouts(zero_response).unwrap_err();
+        assert!(
+            err.is_invalid_input() && err.to_string().contains("response_timeout"),
+            "{err}"
+        );
+        let zero_connect = Timeouts {
+            connect: Duration::ZERO,
+            ..Timeouts::default()
+        };
+        let err = options().with_timeouts(zero_connect).unwrap_err();
+        assert!(err.to_string().contains("connect_timeout"), "{err}");
+        assert!(options().with_timeouts(Timeouts::default()).is_ok());
+    }
 
     #[test]
     fn a_cluster_over_tls_needs_the_tls_feature() {
