@@ -99,11 +99,11 @@ async fn closing_idle_resources_revokes_the_idle_leases_only() {
 
     locker.close_idle().await;
     assert!(
-        !lease_lives(&cluster, idle).await,
+        !common::lease_lives(cluster.endpoints(), idle).await,
         "the idle lease is revoked"
     );
     assert!(
-        lease_lives(&cluster, holding).await,
+        common::lease_lives(cluster.endpoints(), holding).await,
         "the held lock's lease lives"
     );
     locker
@@ -119,19 +119,6 @@ async fn closing_idle_resources_revokes_the_idle_leases_only() {
     assert!(fresh != idle && fresh != holding, "a new lease");
     locker.release(again).await.expect("release");
     locker.release(held).await.expect("release");
-}
-
-/// Whether the etcd lease `id` exists on `cluster`.
-async fn lease_lives(cluster: &lock_testkit::EtcdCluster, id: i64) -> bool {
-    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("a client of our own");
-    let left = client
-        .lease_time_to_live(id, None)
-        .await
-        .expect("lease time-to-live");
-    // etcd answers -1 for a lease it does not know.
-    left.ttl() > 0
 }
 
 /// A grant released twice through the backend (the `Locker` takes the lease

@@ -1,6 +1,8 @@
 //! The operator's view on the shared cluster: held locks are listed with
 //! their token and remaining TTL, and a forced release takes a lock away.
 
+mod common;
+
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
@@ -54,7 +56,7 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     // Only the entry goes: the lease may already serve another lock when a
     // forced release lands (see `force_release`), so it is not revoked.
     assert!(
-        lease_lives(&url, lease_id).await,
+        common::lease_lives(endpoints(&url), lease_id).await,
         "the holder's lease was revoked"
     );
     tokio::time::timeout(Duration::from_secs(10), lost)
@@ -70,21 +72,12 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     assert!(backend.inspect(&prefix).await.expect("inspect").is_empty());
 }
 
-/// Whether the etcd lease `id` exists on the cluster at `url`.
-async fn lease_lives(url: &str, id: i64) -> bool {
-    let endpoints: Vec<String> = lock_core::url::ServerUrl::parse(url)
+/// The client addresses in an `etcd://` URL.
+fn endpoints(url: &str) -> Vec<String> {
+    lock_core::url::ServerUrl::parse(url)
         .expect("url")
         .servers
         .iter()
         .map(|s| s.address(2379))
-        .collect();
-    let mut client = etcd_client::Client::connect(endpoints, None)
-        .await
-        .expect("a client of our own");
-    let left = client
-        .lease_time_to_live(id, None)
-        .await
-        .expect("lease time-to-live");
-    // etcd answers -1 for a lease it does not know.
-    left.ttl() > 0
+        .collect()
 }

@@ -42,6 +42,29 @@ async fn terminate(conn: &mut PgConnection, pid: i32) {
     assert!(ended, "pg_terminate_backend({pid}) did not end the session");
 }
 
+/// A table of the test's own for its writes: `(id int PRIMARY KEY)`.
+async fn scratch_table(check: &mut PgConnection) -> String {
+    let table = format!("lockkit_test_{:016x}", getrandom::u64().unwrap());
+    sqlx::raw_sql(&format!("CREATE TABLE {table} (id int PRIMARY KEY)"))
+        .execute(check)
+        .await
+        .unwrap();
+    table
+}
+
+/// The ids written to the scratch `table`, in order; drops the table.
+async fn ids_then_drop(check: &mut PgConnection, table: &str) -> Vec<i32> {
+    let ids = sqlx::query_scalar(&format!("SELECT id FROM {table} ORDER BY id"))
+        .fetch_all(&mut *check)
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+        .execute(check)
+        .await
+        .unwrap();
+    ids
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminating_the_holder_fires_lost_and_lets_the_next_in() {
     let Some((url, backend)) = setup("").await else {
@@ -124,11 +147,7 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
     let prefix = prefix();
     let locker = Locker::new(backend.clone());
     let mut check = plain(&url).await;
-    let table = format!("lockkit_test_{:016x}", getrandom::u64().unwrap());
-    sqlx::raw_sql(&format!("CREATE TABLE {table} (id int PRIMARY KEY)"))
-        .execute(&mut check)
-        .await
-        .unwrap();
+    let table = scratch_table(&mut check).await;
     let write = |id: i32| format!("INSERT INTO {table} VALUES ({id})");
 
     // Held all along: the write commits at release.
@@ -174,14 +193,7 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
     drop(tx);
     assert!(locker.release(lease).await.unwrap_err().is_lost());
 
-    let ids: Vec<i32> = sqlx::query_scalar(&format!("SELECT id FROM {table} ORDER BY id"))
-        .fetch_all(&mut check)
-        .await
-        .unwrap();
-    sqlx::raw_sql(&format!("DROP TABLE {table}"))
-        .execute(&mut check)
-        .await
-        .unwrap();
+    let ids = ids_then_drop(&mut check, &table).await;
     assert_eq!(
         ids,
         vec![1],
@@ -221,11 +233,7 @@ async fn a_savepoint_recovers_from_a_failed_statement_and_keeps_the_lock() {
     let key = format!("{}savepoint", prefix());
     let locker = Locker::new(backend.clone());
     let mut check = plain(&url).await;
-    let table = format!("lockkit_test_{:016x}", getrandom::u64().unwrap());
-    sqlx::raw_sql(&format!("CREATE TABLE {table} (id int PRIMARY KEY)"))
-        .execute(&mut check)
-        .await
-        .unwrap();
+    let table = scratch_table(&mut check).await;
 
     let lease = locker
         .try_acquire(&key, Duration::from_secs(30))
@@ -246,14 +254,7 @@ async fn a_savepoint_recovers_from_a_failed_statement_and_keeps_the_lock() {
     let still_held = locker.try_acquire(&key, Duration::from_secs(30)).await;
     let released = locker.release(lease).await;
 
-    let ids: Vec<i32> = sqlx::query_scalar(&format!("SELECT id FROM {table} ORDER BY id"))
-        .fetch_all(&mut check)
-        .await
-        .unwrap();
-    sqlx::raw_sql(&format!("DROP TABLE {table}"))
-        .execute(&mut check)
-        .await
-        .unwrap();
+    let ids = ids_then_drop(&mut check, &table).await;
     assert!(duplicate.is_err(), "the duplicate insert succeeded");
     assert!(
         still_held.as_ref().is_err_and(|e| e.is_contended()),

@@ -3,6 +3,8 @@
 //! held back behind its own claim runs after it. And against a private
 //! Redis: one operation's failure stays its own.
 
+mod common;
+
 use std::time::Duration;
 
 use lock_core::OwnerToken;
@@ -89,12 +91,7 @@ async fn an_acquire_abandoned_while_held_back_is_never_sent() {
 
 /// A batcher over a multiplexed connection to `server`.
 async fn batcher_on(server: &RedisServer, rule: TokenRule, handout: Handout) -> Batcher {
-    let client = redis::Client::open(server.url()).expect("url");
-    let conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    Batcher::start(conn, rule, handout)
+    Batcher::start(common::connect(server).await, rule, handout)
 }
 
 /// Operations per `EVALSHA` when `callers` tasks each acquire and release a
@@ -281,19 +278,9 @@ async fn with_a_shared_counter_a_failed_operation_spoils_nothing_else() {
 async fn a_call_mixing_waited_for_acquires_plain_acquires_and_releases_answers_each() {
     use lock_redis_wire::scripts::{Operation, run_batch};
     let server = RedisServer::start().expect("start redis");
-    let client = redis::Client::open(server.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = common::connect(&server).await;
     let layout = KeyLayout::default();
-    let rules = [
-        TokenRule::SharedClockFloor {
-            counter: layout.shared_counter().into(),
-        },
-        TokenRule::ClockFloor,
-        TokenRule::CounterFirst,
-    ];
+    let rules = common::every_rule(&layout);
     for (n, rule) in rules.iter().enumerate() {
         let [a, b, c] = ["a", "b", "c"].map(|k| layout.keys(&format!("mixed/{n}/{k}")));
         let (mine, theirs) = (OwnerToken::random().to_hex(), OwnerToken::random().to_hex());

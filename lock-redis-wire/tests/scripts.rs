@@ -1,6 +1,8 @@
 //! The scripts against a private Redis, where their effect on the server is
 //! the point.
 
+mod common;
+
 use std::time::Duration;
 
 use lock_core::OwnerToken;
@@ -16,11 +18,7 @@ const TTL: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "current_thread")]
 async fn marking_a_grant_waited_for_keeps_its_owner_and_expiry() {
     let server = RedisServer::start().expect("start redis");
-    let client = redis::Client::open(server.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = common::connect(&server).await;
     let layout = KeyLayout::default();
     let keys = layout.keys("marked");
     let rule = TokenRule::SharedClockFloor {
@@ -64,19 +62,9 @@ async fn marking_a_grant_waited_for_keeps_its_owner_and_expiry() {
 #[tokio::test(flavor = "current_thread")]
 async fn an_owner_asking_again_is_granted_anew_with_a_higher_token() {
     let server = RedisServer::start().expect("start redis");
-    let client = redis::Client::open(server.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = common::connect(&server).await;
     let layout = KeyLayout::default();
-    let rules = [
-        TokenRule::SharedClockFloor {
-            counter: layout.shared_counter().into(),
-        },
-        TokenRule::ClockFloor,
-        TokenRule::CounterFirst,
-    ];
+    let rules = common::every_rule(&layout);
     for (n, rule) in rules.iter().enumerate() {
         let keys = layout.keys(&format!("again/{n}"));
         let (owner, other) = (OwnerToken::random().to_hex(), OwnerToken::random().to_hex());

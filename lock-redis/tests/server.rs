@@ -194,14 +194,11 @@ async fn a_waiter_marks_the_grant_it_finds_once_subscribed_so_its_release_wakes_
 
     let key = lock_core::validate::key("handoff", &waiter.capabilities().limits).unwrap();
     let woken = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
-    timeout(Duration::from_secs(10), async {
-        while !grant_value(&server).ends_with('+') {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the subscribed waiter did not mark the grant it found");
-    assert_eq!(subscribers(&server), 1);
+    until_subscribed_and_marked(
+        &server,
+        "the subscribed waiter did not mark the grant it found",
+    )
+    .await;
 
     holder.release(held).await.unwrap();
     timeout(Duration::from_secs(10), woken)
@@ -224,13 +221,7 @@ async fn release_messages_arrive_again_after_a_server_outage() {
     // Registered, never polled: the channel keeps a waiter throughout.
     let _stays = waiter.on_release(&key).await.expect("wake-ups");
     let first = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
-    timeout(Duration::from_secs(10), async {
-        while subscribers(&server) != 1 || !grant_value(&server).ends_with('+') {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the first waiter never subscribed");
+    until_subscribed_and_marked(&server, "the first waiter never subscribed").await;
     drop(held);
 
     server.kill().expect("kill");
@@ -256,18 +247,29 @@ async fn release_messages_arrive_again_after_a_server_outage() {
         }
     }
     let second = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
-    timeout(Duration::from_secs(10), async {
-        while subscribers(&server) != 1 || !grant_value(&server).ends_with('+') {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the waiter did not subscribe again after the restart");
+    until_subscribed_and_marked(
+        &server,
+        "the waiter did not subscribe again after the restart",
+    )
+    .await;
     holder.release(held).await.unwrap();
     timeout(Duration::from_secs(10), second)
         .await
         .expect("the release after the restart did not wake the waiter")
         .unwrap();
+}
+
+/// Waits until the lock `handoff` has a subscribed waiter whose check once
+/// subscribed has run (the grant is marked as waited for); panics with
+/// `what` after 10 s.
+async fn until_subscribed_and_marked(server: &RedisServer, what: &str) {
+    timeout(Duration::from_secs(10), async {
+        while subscribers(server) != 1 || !grant_value(server).ends_with('+') {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
 }
 
 /// The value of the grant of the lock `handoff`: its owner token, with `+`

@@ -46,3 +46,16 @@ pub async fn lapses_no_earlier_than_its_deadline(next: &Locker, key: &str, lapsi
     );
     next.release(granted_lease).await.expect("release");
 }
+
+/// Whether the etcd lease `id` exists on the cluster at `endpoints`.
+pub async fn lease_lives(endpoints: Vec<String>, id: i64) -> bool {
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("a client of our own");
+    let left = client
+        .lease_time_to_live(id, None)
+        .await
+        .expect("lease time-to-live");
+    // etcd answers -1 for a lease it does not know.
+    left.ttl() > 0
+}
