@@ -36,6 +36,12 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// One attempt to grant `key` to `owner` for `ttl`. On contention returns
     /// [`Error::Contended`](crate::Error::Contended), with the holder's
     /// remaining TTL when known; never waits for the holder.
+    ///
+    /// A grant `owner` already has (an earlier attempt that succeeded though
+    /// its caller saw an error, as a waiting acquire retries with the same
+    /// owner) may be granted anew, for `ttl` and with a fresh, higher token;
+    /// a backend that cannot tell it from another owner's answers
+    /// `Contended`, and the grant lapses with its TTL.
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant>;
 
     /// Waits for the grant until `wait.until`. The default polls
