@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use lock_core::{Lease, Locker};
 
 /// Removes a grant behind its holder's back, the way an operator or a fault
-/// would: `DEL` for Redis, a lease revoke for etcd, `pg_terminate_backend`
-/// for PostgreSQL, a scripted fault for the memory backend.
+/// would: `DEL` for Redis, deleting the queue entry or revoking the lease
+/// for etcd, `pg_terminate_backend` for PostgreSQL, a scripted fault for
+/// the memory backend.
 #[async_trait]
 pub trait Sabotage: Send + Sync {
     /// Makes the backend forget `lease`'s grant. The holder is not told.
@@ -17,7 +18,8 @@ pub trait Sabotage: Send + Sync {
 /// The usual sabotage: the operator's force release
 /// ([`Locker::force_release`]), through a locker of its own so that a case's
 /// connection budget never blocks it. Each backend implements it its own
-/// way (`DEL`, a lease revoke, `pg_terminate_backend`, a scripted fault).
+/// way (`DEL`, deleting the etcd entry, `pg_terminate_backend`, a scripted
+/// fault).
 pub struct ForceRelease(pub Locker);
 
 #[async_trait]

@@ -40,6 +40,8 @@ impl Server {
 ///
 /// Credentials given on the first server apply to every server that names
 /// none of its own, so `redlock://:secret@a,b,c` uses one password for all.
+/// A server without credentials may not come before one with them (that is
+/// how a `,` in a password that should have been encoded looks).
 #[derive(Clone, PartialEq, Eq)]
 pub struct ServerUrl {
     /// The scheme, lower-case ("redlock", "etcd", ...).
@@ -55,7 +57,7 @@ pub struct ServerUrl {
 impl ServerUrl {
     /// Parses a URL with one or more comma-separated servers.
     pub fn parse(input: &str) -> Result<ServerUrl> {
-        let bad = |problem: String| Error::invalid("url", format!("{}: {problem}", redact(input)));
+        let bad = |problem: String| Error::invalid("url", format!("{}: {problem}", shown(input)));
         let (scheme, rest) = input
             .split_once("://")
             .ok_or_else(|| bad("expected scheme://host[:port][,host[:port]...]".into()))?;
@@ -222,15 +224,13 @@ impl fmt::Debug for ServerUrl {
 ///
 /// A password holding a character the URL should have encoded breaks the
 /// URL up in the wrong places, so a piece of it could pass for a host, a
-/// port or a path: then everything up to the last `@` is hidden.
+/// port or a path: then only the scheme is shown.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".to_owned();
     };
     if user_info_breaks_the_url(rest) {
-        let after = &rest[rest.rfind('@').map_or(0, |at| at + 1)..];
-        let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
-        return format!("{scheme}://***@{}", &after[..host_end]);
+        return format!("{scheme}://***");
     }
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
@@ -248,17 +248,27 @@ pub fn redact(url: &str) -> String {
     format!("{scheme}://{}{path}", servers.join(","))
 }
 
-/// Whether user info (what comes before an `@`) runs past where the URL's
-/// servers seem to end: an `@` after the first `/`, `?` or `#` (one of them
-/// in a password), or a server without `@` ahead of one with it (a `,` in
-/// a password). Valid URLs only trip this when a server without
-/// credentials comes before one with them, which is then refused too.
+/// The input of a URL that failed to parse, for its error: redacted, and
+/// with nothing but the scheme when it has user info, since the failure
+/// may be a password that broke the URL in a way [`redact`] cannot see.
+fn shown(input: &str) -> String {
+    match input.split_once("://") {
+        Some((scheme, rest)) if rest.contains('@') => format!("{scheme}://***"),
+        _ => redact(input),
+    }
+}
+
+/// Whether user info (what comes before an `@`) seems to run past where
+/// the URL's servers end: an `@` after the first `/`, `?` or `#` but before
+/// any `=` (a query value may hold an `@`; a path rarely does), or a server
+/// without `@` ahead of one with it (a `,` in a password).
 fn user_info_breaks_the_url(rest: &str) -> bool {
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
+    let before_a_value = tail.split('=').next().unwrap_or("");
     let parts: Vec<&str> = authority.split(',').collect();
     let last_with_user_info = parts.iter().rposition(|p| p.contains('@'));
-    tail.contains('@')
+    before_a_value.contains('@')
         || last_with_user_info.is_some_and(|last| parts[..last].iter().any(|p| !p.contains('@')))
 }
 
@@ -362,22 +372,40 @@ mod tests {
     /// the refusal nor the redacted URL shows any piece of it.
     #[test]
     fn a_password_that_breaks_the_url_is_refused_without_showing_it() {
-        for (input, host) in [
-            ("redlock://app:Xq,Zk@h1:6379,h2", "h1:6379,h2"),
-            ("redis://app:Xq/Zk@h:6379/0", "h:6379"),
-            ("redis://app:Xq#Zk@h", "h"),
-            ("redis://app:Xq?Zk@h/0?timeout_ms=5", "h"),
+        for input in [
+            "redlock://app:Xq,Zk@h1:6379,h2",
+            "redis://app:Xq/Zk@h:6379/0",
+            "redis://app:Xq#Zk@h",
+            "redis://app:Xq?Zk@h/0?timeout_ms=5",
         ] {
             let err = ServerUrl::parse(input).expect_err(input).to_string();
             assert!(err.contains("percent-encoded"), "{input}: {err}");
             for piece in ["Xq", "Zk"] {
                 assert!(!err.contains(piece), "{input}: `{piece}` in {err}");
             }
-            assert_eq!(
-                redact(input),
-                format!("{}://***@{host}", &input[..input.find(':').unwrap()])
-            );
+            let scheme = &input[..input.find(':').unwrap()];
+            assert_eq!(redact(input), format!("{scheme}://***"));
         }
+        // Unparsable with user info: the error shows the scheme alone (the
+        // `=` hides from the check above that the password holds a `?`).
+        let err = ServerUrl::parse("redis://app:Xq?a=Zk@h")
+            .expect_err("port `Xq`")
+            .to_string();
+        assert!(
+            err.contains("redis://***") && !err.contains("Xq") && !err.contains("Zk"),
+            "{err}"
+        );
+        // An `@` in a query value is no user info.
+        for valid in [
+            "redis://h/0?prefix=team@x:",
+            "etcd://h?ca_file=/home/a@corp/ca.pem",
+        ] {
+            ServerUrl::parse(valid).expect(valid);
+        }
+        assert_eq!(
+            redact("postgres://app:pw@db/app?password=ab@cd"),
+            "postgres://app:***@db/app"
+        );
         // A `+` is a plus, an encoded character is decoded.
         let u = ServerUrl::parse("redis://us%20er:a+b%2Fc@h").unwrap();
         assert_eq!(u.servers[0].username.as_deref(), Some("us er"));

@@ -104,8 +104,8 @@ impl EtcdBackend {
     /// lock released and taken again at once, say): its TTL then surely runs
     /// until that renewal's time plus the TTL (a new leader only extends
     /// leases), unless it was revoked (by an operator, say, or by a
-    /// `revoke_lease` or `force_release` acting on a holder read before the
-    /// release): the enqueue then finds it gone and takes a new lease. The
+    /// `revoke_lease` acting on a holder read before the release): the
+    /// enqueue then finds it gone and takes a new lease. The
     /// grant's deadline counts from that renewal. A renewal now would move
     /// the deadline by less than a tenth of the TTL, the same trade
     /// `grant_head` makes, for one round trip and one stream opened on the

@@ -264,8 +264,11 @@ impl EtcdBackend {
         Ok(resp.count() as usize)
     }
 
-    /// Revokes an etcd lease, deleting every entry bound to it: what an
-    /// operator (or a fault test) does to take a lock away from its holder.
+    /// Revokes an etcd lease, deleting every entry bound to it. To take a
+    /// lock away, prefer `Locker::force_release`: a lease read from
+    /// [`holder`](Self::holder) may, by the time it is revoked, serve
+    /// another lock (its holder released, and the lease went on to its next
+    /// acquire).
     pub async fn revoke_lease(&self, lease_id: i64) -> Result<()> {
         self.call("lease revoke", |mut c| async move {
             c.lease_revoke(lease_id).await

@@ -8,8 +8,9 @@
 //! contended attempt and the subscription is seen there instead of being
 //! missed. The check also marks the grant it finds as waited for, so that
 //! its release publishes: a client that knew of no waiter may have taken
-//! the lock meanwhile, and its grant would otherwise be released silently. Anything that fails here (no RESP3, a dropped subscription
-//! connection) only leaves the waiter to lock-core's polling.
+//! the lock meanwhile, and its grant would otherwise be released silently.
+//! Anything that fails here (no RESP3, a dropped subscription connection)
+//! only leaves the waiter to lock-core's polling.
 //!
 //! SUBSCRIBE and UNSUBSCRIBE are sent by a task of their own per channel,
 //! never by a waiter's future: the wait loop drops that future when its sleep
