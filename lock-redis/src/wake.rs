@@ -21,6 +21,7 @@
 //! acquire keeps its subscription across rounds.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -47,6 +48,10 @@ struct Shared {
     connection: OnceCell<ConnectionManager>,
     /// Channels with waiters, or with a subscription still to undo.
     channels: Mutex<HashMap<String, Channel>>,
+    /// How often the subscription connection dropped (changed under the
+    /// `channels` lock): a SUBSCRIBE answered across a drop may have been
+    /// the old connection's.
+    drops: AtomicU64,
 }
 
 struct Channel {
@@ -92,6 +97,7 @@ impl Wakeups {
             settings: settings.clone(),
             connection: OnceCell::new(),
             channels: Mutex::new(HashMap::new()),
+            drops: AtomicU64::new(0),
         };
         Wakeups {
             shared: Arc::new(shared),
@@ -183,6 +189,7 @@ async fn sync(shared: Weak<Shared>, channel: String) {
         };
         match step {
             Step::Subscribe => {
+                let drops = shared.drops.load(Ordering::Relaxed);
                 let outcome = match shared.subscribe(&channel).await {
                     Ok(()) => Subscription::Confirmed,
                     Err(e) => {
@@ -190,7 +197,14 @@ async fn sync(shared: Weak<Shared>, channel: String) {
                         Subscription::Failed
                     }
                 };
-                if let Some(c) = lock(&shared.channels).get_mut(&channel) {
+                let mut channels = lock(&shared.channels);
+                // Dropped since: subscribe again (the loop sees it unconfirmed).
+                let outcome = if shared.drops.load(Ordering::Relaxed) == drops {
+                    outcome
+                } else {
+                    Subscription::Unconfirmed
+                };
+                if let Some(c) = channels.get_mut(&channel) {
                     c.state.send_replace(outcome);
                 }
             }
@@ -287,6 +301,7 @@ async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo
                 // The server dropped every subscription with the connection
                 // (and the client may not reconnect until asked): the next
                 // waiter of each channel subscribes again.
+                shared.drops.fetch_add(1, Ordering::Relaxed);
                 for c in channels.values() {
                     c.state.send_replace(Subscription::Unconfirmed);
                     c.notify.notify_waiters();
