@@ -276,7 +276,7 @@ async fn with_a_shared_counter_a_failed_operation_spoils_nothing_else() {
 /// acquire marks the grant it found.
 #[tokio::test(flavor = "current_thread")]
 async fn a_call_mixing_waited_for_acquires_plain_acquires_and_releases_answers_each() {
-    use lock_redis_wire::scripts::{Operation, run_batch};
+    use lock_redis_wire::scripts::Operation;
     let server = RedisServer::start().expect("start redis");
     let mut conn = common::connect(&server).await;
     let layout = KeyLayout::default();
@@ -288,7 +288,7 @@ async fn a_call_mixing_waited_for_acquires_plain_acquires_and_releases_answers_e
         let plain = Operation::acquire(TTL, false);
         let release = Operation::Release { token: 0 };
         let published = server.command_calls("publish").expect("INFO");
-        let answers: Vec<i64> = run_batch(
+        let answers = common::answers(
             &mut conn,
             rule,
             &[
@@ -301,11 +301,7 @@ async fn a_call_mixing_waited_for_acquires_plain_acquires_and_releases_answers_e
                 (&c, &theirs, release),
             ],
         )
-        .await
-        .expect("the call")
-        .into_iter()
-        .map(|answer| answer.expect("an operation failed"))
-        .collect();
+        .await;
         let [ta, tb, tc, refused, b_released, a_released, c_not_theirs] = answers[..] else {
             panic!("{rule:?}: seven answers expected, got {answers:?}");
         };

@@ -70,7 +70,7 @@ async fn an_owner_asking_again_is_granted_anew_with_a_higher_token() {
         let (owner, other) = (OwnerToken::random().to_hex(), OwnerToken::random().to_hex());
         let short = Operation::acquire(Duration::from_secs(5), false);
         let marked = Operation::acquire(TTL, true);
-        let answers: Vec<i64> = run_batch(
+        let answers = common::answers(
             &mut conn,
             rule,
             &[
@@ -80,11 +80,7 @@ async fn an_owner_asking_again_is_granted_anew_with_a_higher_token() {
                 (&keys, &owner, short),
             ],
         )
-        .await
-        .expect("the call")
-        .into_iter()
-        .map(|answer| answer.expect("an operation failed"))
-        .collect();
+        .await;
         let [first, refused, again, once_more] = answers[..] else {
             panic!("{rule:?}: four answers expected, got {answers:?}");
         };

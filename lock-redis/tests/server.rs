@@ -193,8 +193,7 @@ async fn a_waiter_marks_the_grant_it_finds_once_subscribed_so_its_release_wakes_
         "marked before anyone waited"
     );
 
-    let key = lock_core::validate::key("handoff", &waiter.capabilities().limits).unwrap();
-    let woken = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
+    let woken = woken_on_handoff(&waiter).await;
     until_subscribed_and_marked(
         &server,
         "the subscribed waiter did not mark the grant it found",
@@ -217,11 +216,13 @@ async fn release_messages_arrive_again_after_a_server_outage() {
     let server = RedisServer::start().expect("start redis");
     let holder = Locker::new(connect(&server).await);
     let waiter = connect(&server).await;
-    let key = lock_core::validate::key("handoff", &waiter.capabilities().limits).unwrap();
     let held = holder.try_acquire("handoff", TTL).await.unwrap();
     // Registered, never polled: the channel keeps a waiter throughout.
-    let _stays = waiter.on_release(&key).await.expect("wake-ups");
-    let first = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
+    let _stays = waiter
+        .on_release(&handoff(&waiter))
+        .await
+        .expect("wake-ups");
+    let first = woken_on_handoff(&waiter).await;
     until_subscribed_and_marked(&server, "the first waiter never subscribed").await;
     drop(held);
 
@@ -247,7 +248,7 @@ async fn release_messages_arrive_again_after_a_server_outage() {
             other => panic!("the waiter's attempt after the restart: {other:?}"),
         }
     }
-    let second = tokio::spawn(waiter.on_release(&key).await.expect("wake-ups"));
+    let second = woken_on_handoff(&waiter).await;
     until_subscribed_and_marked(
         &server,
         "the waiter did not subscribe again after the restart",
@@ -258,6 +259,17 @@ async fn release_messages_arrive_again_after_a_server_outage() {
         .await
         .expect("the release after the restart did not wake the waiter")
         .unwrap();
+}
+
+/// The lock `handoff`, as a backend names it.
+fn handoff(backend: &RedisBackend) -> lock_core::LockKey {
+    lock_core::validate::key("handoff", &backend.capabilities().limits).unwrap()
+}
+
+/// `waiter`'s wake-up future for the lock `handoff`, running: it completes
+/// when a release message (or a dropped subscription) wakes it.
+async fn woken_on_handoff(waiter: &RedisBackend) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(waiter.on_release(&handoff(waiter)).await.expect("wake-ups"))
 }
 
 /// Waits until the lock `handoff` has a subscribed waiter whose check once

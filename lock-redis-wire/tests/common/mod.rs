@@ -3,7 +3,8 @@
 // Each test file is its own crate and uses only some of these.
 #![allow(dead_code)]
 
-use lock_redis_wire::{KeyLayout, TokenRule};
+use lock_redis_wire::scripts::{Operation, run_batch};
+use lock_redis_wire::{KeyLayout, LockKeys, TokenRule};
 use lock_testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
 
@@ -25,4 +26,23 @@ pub fn every_rule(layout: &KeyLayout) -> [TokenRule; 3] {
         TokenRule::ClockFloor,
         TokenRule::CounterFirst,
     ]
+}
+
+/// The integer answers of one batch-script call of `operations`, which
+/// must each succeed.
+pub async fn answers(
+    conn: &mut MultiplexedConnection,
+    rule: &TokenRule,
+    operations: &[(&LockKeys, &String, Operation)],
+) -> Vec<i64> {
+    let operations: Vec<_> = operations
+        .iter()
+        .map(|(keys, owner, op)| (*keys, owner.as_str(), *op))
+        .collect();
+    run_batch(conn, rule, &operations)
+        .await
+        .expect("the call")
+        .into_iter()
+        .map(|answer| answer.expect("an operation failed"))
+        .collect()
 }
