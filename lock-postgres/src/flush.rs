@@ -66,12 +66,12 @@ impl Flusher {
         sql: &str,
         budget: Duration,
     ) -> Result<()> {
-        tokio::time::timeout(budget, self.flush_unbounded(conns, sql, budget))
+        tokio::time::timeout(budget, self.flush_unbounded(conns, sql))
             .await
             .map_err(|_| errors::timed_out(&conns.endpoint, "the fencing token's WAL flush"))?
     }
 
-    async fn flush_unbounded(&self, conns: &Connections, sql: &str, limit: Duration) -> Result<()> {
+    async fn flush_unbounded(&self, conns: &Connections, sql: &str) -> Result<()> {
         let need = self.counts().next;
         let mut slot = self.conn.lock().await;
         let number = {
@@ -92,7 +92,7 @@ impl Flusher {
             counts.next += 1;
             counts.next - 1
         };
-        let outcome = self.run(&mut slot, conns, sql, limit).await;
+        let outcome = self.run(&mut slot, conns, sql).await;
         let mut counts = self.counts();
         match &outcome {
             Ok(()) => counts.done = Some(counts.done.map_or(number, |d| d.max(number))),
@@ -106,8 +106,9 @@ impl Flusher {
         slot: &mut Option<PgConnection>,
         conns: &Connections,
         sql: &str,
-        limit: Duration,
     ) -> Result<()> {
+        // Bounded by the caller (`flush`), which drops this future, and
+        // with it a connection mid-reply, when the budget runs out.
         loop {
             let reused = slot.is_some();
             let mut conn = match slot.take() {
@@ -115,13 +116,13 @@ impl Flusher {
                 None => conns.open().await?,
             };
             // Any failure drops the connection: it may be mid-reply or inside the transaction.
-            match tokio::time::timeout(limit, simple(&mut conn, sql)).await {
+            match simple(&mut conn, sql).await {
                 // The row was inserted or locked, so the transaction wrote WAL.
-                Ok(Ok(done)) if done.rows_affected() >= 1 => {
+                Ok(done) if done.rows_affected() >= 1 => {
                     *slot = Some(conn);
                     return Ok(());
                 }
-                Ok(Ok(_)) => {
+                Ok(_) => {
                     return Err(Error::Backend {
                         backend: errors::BACKEND,
                         message: "the fencing token's WAL flush found its reserved row (name '') neither present nor insertable; is something deleting rows?".into(),
@@ -129,18 +130,12 @@ impl Flusher {
                     });
                 }
                 // The connection may have died since its last use: retry once on a new one.
-                Ok(Err(e)) if reused && errors::is_connection_lost(&e) => continue,
-                Ok(Err(e)) if errors::is_connection_lost(&e) => {
+                Err(e) if reused && errors::is_connection_lost(&e) => continue,
+                Err(e) if errors::is_connection_lost(&e) => {
                     return Err(errors::connect(&conns.endpoint, e));
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     return Err(errors::backend("the fencing token's WAL flush failed", e));
-                }
-                Err(_) => {
-                    return Err(errors::timed_out(
-                        &conns.endpoint,
-                        "the fencing token's WAL flush",
-                    ));
                 }
             }
         }

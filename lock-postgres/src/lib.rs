@@ -321,7 +321,7 @@ impl PostgresBackend {
                     // server's TTL clock (the session's idle timer) to the TTL, from a known
                     // instant: after the flush, and after any wait in the server's queue.
                     let sent = Instant::now();
-                    let refresh = sqlx::query_scalar::<_, Option<bool>>(&inner.statements.extend)
+                    let refresh = sqlx::query_scalar::<_, Option<bool>>(&inner.statements.refresh)
                         .bind(millis(ttl).to_string())
                         .bind(millis(rt).to_string())
                         .fetch_one(&mut *conn);
@@ -489,7 +489,6 @@ impl LockBackend for PostgresBackend {
         pinned.busy = true;
         let check = sqlx::query_scalar::<_, Option<bool>>(&self.inner.statements.extend)
             .bind(millis(ttl).to_string())
-            .bind(millis(self.inner.response_timeout).to_string())
             .fetch_one(&mut pinned.conn);
         let outcome = timeout(self.inner.response_timeout, check).await;
         pinned.busy = false;

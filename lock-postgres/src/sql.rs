@@ -104,9 +104,12 @@ pub(crate) struct Statements {
     /// The same, waiting in the server's lock queue up to `lock_timeout`.
     pub lock_wait: String,
     /// Whether the lock's transaction is still open, and the new idle
-    /// timeout (`$1`); `lock_timeout` goes back to the response timeout
-    /// (`$2`), from the wait's time left, for the holder's own statements.
+    /// timeout (`$1`).
     pub extend: String,
+    /// The grant's last statement: [`extend`](Self::extend), and
+    /// `lock_timeout` back to the response timeout (`$2`) from the wait's
+    /// time left, for the holder's own statements (which may set their own).
+    pub refresh: String,
     /// The server process holding a key's row lock.
     pub holder_pid: String,
     /// The keys under a prefix whose rows are locked now (not the flush's row).
@@ -136,6 +139,9 @@ impl Statements {
             lock_nowait: lock(" NOWAIT"),
             lock_wait: lock(""),
             extend: format!(
+                "SELECT current_setting('{HELD_MARK}', true) = 'on', set_config('idle_in_transaction_session_timeout', $1, true)"
+            ),
+            refresh: format!(
                 "SELECT current_setting('{HELD_MARK}', true) = 'on', \
                  set_config('idle_in_transaction_session_timeout', $1, true), set_config('lock_timeout', $2, true)"
             ),

@@ -203,7 +203,8 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
 
 /// A waiting acquire bounds its wait in the server with `lock_timeout` set
 /// to the time left; once granted, the holder's own statements get the
-/// response timeout back, not what was left of the wait.
+/// response timeout back, not what was left of the wait, and a setting of
+/// the holder's own outlives renewals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeout() {
     let Some((_, backend)) = setup("response_timeout_ms=4000").await else {
@@ -211,16 +212,33 @@ async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeo
     };
     let key = format!("{}lock-timeout", prefix());
     let locker = Locker::new(backend.clone());
-    let lease = locker
+    let mut lease = locker
         .acquire(&key, Duration::from_secs(30), Duration::from_millis(300))
         .await
         .unwrap();
-    let shown: String = sqlx::query_scalar("SHOW lock_timeout")
-        .fetch_one(&mut backend.transaction(&lease).await.unwrap())
+    let shown = async |lease: &lock_core::Lease| -> String {
+        sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut backend.transaction(lease).await.unwrap())
+            .await
+            .unwrap()
+    };
+    let granted = shown(&lease).await;
+    // The holder's own setting outlives a renewal.
+    sqlx::raw_sql("SET LOCAL lock_timeout = '7s'")
+        .execute(&mut backend.transaction(&lease).await.unwrap())
         .await
         .unwrap();
+    locker
+        .extend(&mut lease, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let renewed = shown(&lease).await;
     locker.release(lease).await.unwrap();
-    assert_eq!(shown, "4s");
+    assert_eq!(granted, "4s");
+    assert_eq!(
+        renewed, "7s",
+        "a renewal undid the holder's own lock_timeout"
+    );
 }
 
 /// The documented way to recover from a failed statement: a savepoint.
