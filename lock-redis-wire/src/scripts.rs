@@ -175,47 +175,39 @@ local function next_token(counter, ttl)
   return now
 end
 
+-- The shared counter: read (and moved up to the clock) at the batch's first
+-- grant, written at its end. `last`: the highest token it must cover. A
+-- refused acquire leaves it alone.
+local last
+local function shared_token()
+  if not last then
+    read_clock()
+    local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
+    last = (old and old >= now) and old or now - 1
+  end
+  last = last + 1
+  return last
+end
+
+-- `counter`: the lock's own counter, unless the counter is shared.
 local function acquire(lock, counter, value, ttl)
   local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
   if holder then
     if not own(holder, value) then return refused(lock, holder) end
     regrant(lock, holder, value, ttl)
   end
-  local ok, token = pcall(next_token, counter, ttl)
+  local ok, token
+  if shared then
+    ok, token = pcall(shared_token)
+  else
+    ok, token = pcall(next_token, counter, ttl)
+  end
   if not ok then
     -- No token, no grant.
     redis.call('DEL', lock)
     error(token)
   end
   return token
-end
-
--- The shared counter: read (and moved up to the clock) at the batch's first
--- grant, written at its end. `last`: the highest token it must cover. A
--- refused acquire leaves it alone.
-local last
-local function read_shared_counter()
-  read_clock()
-  local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
-  last = (old and old >= now) and old or now - 1
-end
-
-local function acquire_shared(lock, value, ttl)
-  local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
-  if holder then
-    if not own(holder, value) then return refused(lock, holder) end
-    regrant(lock, holder, value, ttl)
-  end
-  if not last then
-    local ok, err = pcall(read_shared_counter)
-    if not ok then
-      -- No token, no grant.
-      redis.call('DEL', lock)
-      error(err)
-    end
-  end
-  last = last + 1
-  return last
 end
 
 local out, n, k, a = {}, 0, 1, 2
@@ -233,7 +225,7 @@ while a <= argc do
       ttl, value, a = ARGV[a + 1], ARGV[a + 2] .. '+', a + 1
     end
     if shared then
-      ok, answer = pcall(acquire_shared, KEYS[k], value, ttl)
+      ok, answer = pcall(acquire, KEYS[k], nil, value, ttl)
       k = k + 1
     else
       ok, answer = pcall(acquire, KEYS[k], KEYS[k + 1], value, ttl)
