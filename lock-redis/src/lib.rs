@@ -223,6 +223,7 @@ impl RedisBackend {
                 view::scan_into(
                     &mut conn,
                     &inner.settings.layout,
+                    true,
                     key_prefix,
                     &endpoint,
                     backend,
@@ -234,6 +235,7 @@ impl RedisBackend {
             view::scan_into(
                 &mut inner.conn.clone(),
                 &inner.settings.layout,
+                false,
                 key_prefix,
                 &inner.endpoint,
                 backend,

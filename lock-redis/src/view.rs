@@ -26,10 +26,14 @@ pub struct LockReport {
 
 const SCAN_BATCH: usize = 500;
 
-/// Scans one server's keys of locks named `key_prefix...` into `report`.
+/// Scans one server's keys of locks named `key_prefix...` into `report`,
+/// with each holder's token when `counters_per_lock` (Redis Cluster: a
+/// lock's own counter holds the token of its latest grant). One server's
+/// locks share one counter, which says nothing of any one holder.
 pub(crate) async fn scan_into<C: ConnectionLike + Send>(
     conn: &mut C,
     layout: &KeyLayout,
+    counters_per_lock: bool,
     key_prefix: &str,
     endpoint: &str,
     backend: &'static str,
@@ -65,9 +69,12 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
                     _ => {}
                 }
             }
-            if !held.is_empty() {
-                // A lock's own counter (Redis Cluster) holds the token of its
-                // latest grant, which is the holder's.
+            if !counters_per_lock {
+                report.held.extend(
+                    held.into_iter()
+                        .map(|(key, remaining)| HeldLock::new(key).with_remaining(remaining)),
+                );
+            } else if !held.is_empty() {
                 let mut pipe = redis::pipe();
                 for (key, _) in &held {
                     pipe.cmd("GET").arg(layout.keys(key).counter);
