@@ -236,17 +236,23 @@ impl EtcdBackend {
     /// The current holder of `key`, if any: the entry with the lowest create
     /// revision in the lock's queue.
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>> {
-        let queue = self.queue(&self.validate(key)?);
+        let head = self.head_entry(&self.validate(key)?).await?;
+        Ok(head.map(|kv| Holder {
+            lease_id: kv.lease(),
+            fencing_token: FencingToken::new(kv.create_revision() as u64),
+        }))
+    }
+
+    /// The entry heading the queue of `key`: its holder's.
+    async fn head_entry(&self, key: &LockKey) -> Result<Option<KeyValue>> {
+        let queue = self.queue(key);
         let resp = self
             .call("get holder", |mut c| {
                 let queue = queue.clone();
                 async move { c.get(queue.prefix(), Some(queue.head())).await }
             })
             .await?;
-        Ok(resp.kvs().first().map(|kv| Holder {
-            lease_id: kv.lease(),
-            fencing_token: FencingToken::new(kv.create_revision() as u64),
-        }))
+        Ok(resp.kvs().first().cloned())
     }
 
     /// How many entries the queue of `key` holds: the holder plus waiters.
@@ -783,24 +789,13 @@ impl LockBackend for EtcdBackend {
     /// use, bound to an entry of another lock. The holder learns of the loss
     /// from its loss signal or its next renewal.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let queue = self.queue(key);
-        let resp = self
-            .call("get holder", |mut c| {
-                let queue = queue.clone();
-                async move { c.get(queue.prefix(), Some(queue.head())).await }
-            })
-            .await?;
-        let Some(head) = resp.kvs().first() else {
+        let Some(head) = self.head_entry(key).await? else {
             return Ok(false);
         };
-        let entry = head.key().to_vec();
-        let delete = etcd_client::Txn::new()
-            .when([etcd_client::Compare::create_revision(
-                entry.clone(),
-                etcd_client::CompareOp::Equal,
-                head.create_revision(),
-            )])
-            .and_then([etcd_client::TxnOp::delete(entry, None)]);
+        // The holder's own release, as if made by it: the entry goes only if
+        // it is still the one read, with the same owner.
+        let owner_hex = String::from_utf8_lossy(head.value());
+        let delete = Queue::release(head.key(), head.create_revision(), &owner_hex);
         // Not deleted: released or expired meanwhile, nothing held any more.
         Ok(self.txn("force release", delete).await?.succeeded())
     }
