@@ -105,6 +105,19 @@ pub fn ttl(ttl: Duration, limits: &Limits, drift: Duration) -> Result<Duration> 
     Ok(ttl)
 }
 
+/// Refuses a timeout under 1 ms, naming the option: with it every call
+/// would fail before its answer could come. (Connection settings of every
+/// backend come through here.)
+pub fn timeout(option: &'static str, value: Duration) -> Result<Duration> {
+    if value < Duration::from_millis(1) {
+        return Err(Error::invalid(
+            option,
+            format!("`{option}` is {value:?}; a timeout must be at least 1 ms"),
+        ));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,14 +162,8 @@ impl EtcdOptions {
 
     /// Refuses values that cannot work, naming the option and the limit.
     pub(crate) fn check(&self) -> Result<()> {
-        for (name, value) in [
-            ("connect_timeout_ms", self.connect_timeout),
-            ("request_timeout_ms", self.request_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(Error::invalid(name, "must be at least 1 ms"));
-            }
-        }
+        lock_core::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
+        lock_core::validate::timeout("request_timeout_ms", self.request_timeout)?;
         if self.min_ttl.is_zero() || self.min_ttl.subsec_nanos() != 0 {
             return Err(Error::invalid(
                 "min_ttl",

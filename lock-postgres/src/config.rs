@@ -29,7 +29,7 @@ const OWN_PARAMS: &[&str] = &[
 /// use lock_postgres::PostgresOptions;
 ///
 /// let options = PostgresOptions::from_url("postgres://app:secret@db:5432/app?max_held_locks=8")?
-///     .with_response_timeout(Duration::from_secs(2));
+///     .with_response_timeout(Duration::from_secs(2))?;
 /// assert_eq!(options.max_held_locks(), 8);
 /// assert!(!format!("{options:?}").contains("secret"));
 /// # Ok::<(), lock_core::Error>(())
@@ -133,10 +133,10 @@ impl PostgresOptions {
             options = options.with_max_held_locks(n as usize)?;
         }
         if let Some(ms) = number("connect_timeout_ms")? {
-            options = options.with_connect_timeout(Duration::from_millis(ms));
+            options = options.with_connect_timeout(Duration::from_millis(ms))?;
         }
         if let Some(ms) = number("response_timeout_ms")? {
-            options = options.with_response_timeout(Duration::from_millis(ms));
+            options = options.with_response_timeout(Duration::from_millis(ms))?;
         }
         let schema = own("schema").unwrap_or(options.names.schema());
         let table = own("table").unwrap_or(options.names.table_name());
@@ -167,16 +167,17 @@ impl PostgresOptions {
         Ok(self)
     }
 
-    /// Sets the time allowed to open a connection.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
+    /// Sets the time allowed to open a connection (at least 1 ms).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self> {
+        self.connect_timeout = lock_core::validate::timeout("connect_timeout_ms", timeout)?;
+        Ok(self)
     }
 
-    /// Sets the time allowed for one statement's reply (not for waiting on a lock).
-    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
+    /// Sets the time allowed for one statement's reply, not for waiting on
+    /// a lock (at least 1 ms).
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Result<Self> {
+        self.response_timeout = lock_core::validate::timeout("response_timeout_ms", timeout)?;
+        Ok(self)
     }
 
     /// Sets the schema, table and sequence names. Each must be a plain
@@ -235,6 +236,8 @@ mod tests {
         for (url, expect) in [
             ("postgres://u:pw@h/db?max_held_locks=0", "at least 1"),
             ("postgres://u:pw@h/db?max_held_locks=many", "whole number"),
+            ("postgres://u:pw@h/db?response_timeout_ms=0", "at least 1 ms"),
+            ("postgres://u:pw@h/db?connect_timeout_ms=0", "at least 1 ms"),
             ("postgres://u:pw@h/db?table=locks;drop", "plain identifier"),
             ("postgres://u:pw@h/db?create_schema=maybe", "true or false"),
             ("mysql://u:pw@h/db", "scheme"),

@@ -50,6 +50,15 @@ pub struct Timeouts {
     pub response: Duration,
 }
 
+impl Timeouts {
+    /// Refuses a timeout under 1 ms, naming it.
+    pub fn check(&self) -> Result<()> {
+        lock_core::validate::timeout("connect_timeout_ms", self.connect)?;
+        lock_core::validate::timeout("response_timeout_ms", self.response)?;
+        Ok(())
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
@@ -130,12 +139,7 @@ impl RedisSettings {
         if let Some(response) = url.millis_param("response_timeout_ms")? {
             timeouts.response = response;
         }
-        if timeouts.connect.is_zero() || timeouts.response.is_zero() {
-            return Err(Error::invalid(
-                "url",
-                format!("{url}: timeouts must be at least 1 ms"),
-            ));
-        }
+        timeouts.check()?;
         if tls && !cfg!(feature = "tls") {
             return Err(Error::invalid(
                 "url",

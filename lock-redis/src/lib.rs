@@ -82,17 +82,7 @@ impl RedisOptions {
     /// Replaces the connect and response timeouts; each must be at least
     /// 1 ms (a zero timeout would fail every call).
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Result<Self> {
-        for (name, value) in [
-            ("connect_timeout", timeouts.connect),
-            ("response_timeout", timeouts.response),
-        ] {
-            if value < Duration::from_millis(1) {
-                return Err(Error::invalid(
-                    name,
-                    format!("{name} is {value:?}; it must be at least 1 ms"),
-                ));
-            }
-        }
+        timeouts.check()?;
         self.settings.timeouts = timeouts;
         Ok(self)
     }

@@ -65,17 +65,8 @@ impl RedlockOptions {
         if url.param("connect_timeout_ms").is_some() || url.param("timeout_ms").is_some() {
             self.connect_timeout = settings.timeouts.connect;
         }
-        for (name, value) in [
-            ("node_timeout_ms", self.node_timeout),
-            ("connect_timeout_ms", self.connect_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(Error::invalid(
-                    "url",
-                    format!("{url}: `{name}` must be at least 1 ms"),
-                ));
-            }
-        }
+        lock_core::validate::timeout("node_timeout_ms", self.node_timeout)?;
+        lock_core::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
         Ok(self)
     }
 }
