@@ -254,9 +254,9 @@ impl Shared {
     /// and starts the task that hands release messages to waiters.
     async fn open(self: &Arc<Self>) -> RedisResult<ConnectionManager> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let config = manager_config(&self.settings)
-            .set_push_sender(tx)
-            .set_automatic_resubscription();
+        // No automatic resubscription: after a drop, the channels' next
+        // waiters subscribe again themselves (see `dispatch`).
+        let config = manager_config(&self.settings).set_push_sender(tx);
         let mut last_error = None;
         for client in &self.clients {
             match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
