@@ -39,12 +39,17 @@ impl DriftMargin {
         ttl.mul_f64(fraction).saturating_add(self.fixed)
     }
 
+    /// How long a grant of `ttl` may be trusted from its request's send
+    /// time: the TTL less the margin and `extra`.
+    pub fn validity(&self, ttl: Duration, extra: Duration) -> Duration {
+        ttl.saturating_sub(self.for_ttl(ttl).saturating_add(extra))
+    }
+
     /// The deadline of a grant whose request was sent at `sent_at`: the
     /// server starts the TTL no earlier than it received the request, so
     /// counting from the send time errs on the safe side.
     pub fn deadline(&self, sent_at: Instant, ttl: Duration, extra: Duration) -> Instant {
-        let margin = self.for_ttl(ttl).saturating_add(extra);
-        sent_at + ttl.saturating_sub(margin)
+        sent_at + self.validity(ttl, extra)
     }
 }
 

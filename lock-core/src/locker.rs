@@ -209,7 +209,7 @@ impl Locker {
     /// the guard is released or dropped. See [`LockGuard`].
     pub async fn guard(&self, key: &str, options: GuardOptions) -> Result<LockGuard> {
         let ttl = self.ttl(options.ttl)?;
-        let validity = ttl.saturating_sub(self.options.drift.for_ttl(ttl));
+        let validity = self.options.drift.validity(ttl, Duration::ZERO);
         let every = options.renew_interval();
         if every >= validity {
             return Err(Error::invalid(
@@ -220,12 +220,8 @@ impl Locker {
                 ),
             ));
         }
-        let lease = self.acquire(key, options.ttl, options.wait).await?;
-        Ok(LockGuard::spawn(
-            self.clone(),
-            lease,
-            options.renew_interval(),
-        ))
+        let lease = self.acquire(key, ttl, options.wait).await?;
+        Ok(LockGuard::spawn(self.clone(), lease, every))
     }
 
     /// Runs `work` while holding `key`, renewing as needed, then releases.

@@ -236,7 +236,10 @@ mod tests {
         for (url, expect) in [
             ("postgres://u:pw@h/db?max_held_locks=0", "at least 1"),
             ("postgres://u:pw@h/db?max_held_locks=many", "whole number"),
-            ("postgres://u:pw@h/db?response_timeout_ms=0", "at least 1 ms"),
+            (
+                "postgres://u:pw@h/db?response_timeout_ms=0",
+                "at least 1 ms",
+            ),
             ("postgres://u:pw@h/db?connect_timeout_ms=0", "at least 1 ms"),
             ("postgres://u:pw@h/db?table=locks;drop", "plain identifier"),
             ("postgres://u:pw@h/db?create_schema=maybe", "true or false"),
