@@ -77,8 +77,7 @@ impl ServerUrl {
                     .into(),
             ));
         }
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
+        let (authority, tail) = split_authority(rest);
         if authority.is_empty() {
             return Err(bad("no server given".into()));
         }
@@ -232,8 +231,7 @@ pub fn redact(url: &str) -> String {
     if user_info_breaks_the_url(rest) {
         return format!("{scheme}://***");
     }
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
+    let (authority, tail) = split_authority(rest);
     let path = tail.split(['?', '#']).next().unwrap_or("");
     let servers: Vec<String> = authority
         .split(',')
@@ -263,13 +261,18 @@ fn shown(input: &str) -> String {
 /// any `=` (a query value may hold an `@`; a path rarely does), or a server
 /// without `@` ahead of one with it (a `,` in a password).
 fn user_info_breaks_the_url(rest: &str) -> bool {
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
+    let (authority, tail) = split_authority(rest);
     let before_a_value = tail.split('=').next().unwrap_or("");
     let parts: Vec<&str> = authority.split(',').collect();
     let last_with_user_info = parts.iter().rposition(|p| p.contains('@'));
     before_a_value.contains('@')
         || last_with_user_info.is_some_and(|last| parts[..last].iter().any(|p| !p.contains('@')))
+}
+
+/// What follows `scheme://`, split into the servers and the rest (path,
+/// query, fragment) at the first `/`, `?` or `#`.
+fn split_authority(rest: &str) -> (&str, &str) {
+    rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()))
 }
 
 /// Percent-decodes a user name or password. Not form decoding: a `+` in
