@@ -38,6 +38,9 @@ const TTL: Duration = Duration::from_secs(10);
 /// The dump files' names, before the PID and the dump's number.
 const DUMP_PREFIX: &str = "callgrind.out.";
 
+/// Where vgdb's pipes go, relative to the server's directory.
+const VGDB_PREFIX: &str = "vgdb";
+
 /// The clients counted, in the report's words.
 pub const CLIENTS: [&str; 3] = ["redis (one server)", "a Redlock node", "rslock"];
 
@@ -85,12 +88,14 @@ pub fn method() -> String {
 }
 
 async fn count(pairs: usize, depths: &[usize]) -> Result<Vec<InstructionPoint>, String> {
-    // The dumps land in the server's own directory, removed with it.
+    // The dumps and vgdb's pipes land in the server's own directory,
+    // removed with it (by default the pipes would outlive it in /tmp).
     let options = RedisOptions {
         wrapper: vec![
             "valgrind".into(),
             "--tool=callgrind".into(),
             format!("--callgrind-out-file={DUMP_PREFIX}%p"),
+            format!("--vgdb-prefix={VGDB_PREFIX}"),
         ],
         ..RedisOptions::default()
     };
@@ -121,7 +126,7 @@ async fn count(pairs: usize, depths: &[usize]) -> Result<Vec<InstructionPoint>, 
             for _ in 0..5 {
                 round.run(&mut conn).await?;
             }
-            control(pid, "-z").await?;
+            control(pid, server.dir(), "-z").await?;
             for _ in 0..rounds {
                 round.run(&mut conn).await?;
             }
@@ -231,9 +236,10 @@ impl Round {
 }
 
 /// `callgrind_control <what> <pid>`: `-z` zeroes the counts, `-d` dumps them.
-async fn control(pid: u32, what: &str) -> Result<(), String> {
+async fn control(pid: u32, dir: &Path, what: &str) -> Result<(), String> {
+    let prefix = format!("--vgdb-prefix={}", dir.join(VGDB_PREFIX).display());
     let out = Command::new("callgrind_control")
-        .args([what, &pid.to_string()])
+        .args([&prefix, what, &pid.to_string()])
         .output()
         .await
         .map_err(|e| format!("callgrind_control: {e}"))?;
@@ -249,7 +255,7 @@ async fn control(pid: u32, what: &str) -> Result<(), String> {
 
 /// Dumps the counts and reads the total of the newest dump.
 async fn dumped_total(pid: u32, dir: &Path) -> Result<u64, String> {
-    control(pid, "-d").await?;
+    control(pid, dir, "-d").await?;
     let prefix = format!("{DUMP_PREFIX}{pid}.");
     let newest: Option<(u32, PathBuf)> = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
