@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `/db` (path) | database number (single server only) | `0` |
 //! | `connect_timeout_ms` | how long to wait for a connection | 3000 |
-//! | `response_timeout_ms` | how long to wait for each reply | 3000 |
+//! | `response_timeout_ms` | how long to wait for each reply (for a backend that lists [`RESPONSE_TIMEOUT`]) | 3000 |
 //! | `timeout_ms` | sets both timeouts | |
 //! | `prefix` | key prefix (see [`KeyLayout`]) | `lockkit:` |
 //! | `ca_file` | with TLS: the PEM file of the CA(s) to trust instead of the system's | system roots |
@@ -33,13 +33,17 @@ pub const DEFAULT_PORT: u16 = 6379;
 /// The query options every Redis backend understands.
 pub const OPTIONS: &[&str] = &[
     "connect_timeout_ms",
-    "response_timeout_ms",
     "timeout_ms",
     "prefix",
     "ca_file",
     "cert_file",
     "key_file",
 ];
+
+/// The query option for [`Timeouts::response`]: a backend that bounds its
+/// replies by this one timeout lists it among its own options (Redlock
+/// bounds each node's by a per-node timeout instead, and does not).
+pub const RESPONSE_TIMEOUT: &str = "response_timeout_ms";
 
 /// How long to wait for the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +140,8 @@ impl RedisSettings {
         if let Some(connect) = url.millis_param("connect_timeout_ms")? {
             timeouts.connect = connect;
         }
-        if let Some(response) = url.millis_param("response_timeout_ms")? {
+        // Refused above unless the backend listed it.
+        if let Some(response) = url.millis_param(RESPONSE_TIMEOUT)? {
             timeouts.response = response;
         }
         timeouts.check()?;
@@ -297,7 +302,7 @@ mod tests {
         let s = RedisSettings::parse(
             "redis://app:hunter2@10.0.0.1:7000/3?timeout_ms=50&response_timeout_ms=70&prefix=jobs:",
             false,
-            &[],
+            &[RESPONSE_TIMEOUT],
         )
         .unwrap();
         assert_eq!(s.db(), 3);
@@ -313,6 +318,16 @@ mod tests {
         assert_eq!(s.servers[0].redis_settings().username(), Some("app"));
         assert_eq!(s.servers[0].redis_settings().password(), Some("hunter2"));
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_response_timeout_is_read_only_for_a_backend_that_lists_it() {
+        let url = "redlock://a?response_timeout_ms=70";
+        let err = RedisSettings::parse(url, false, &["node_timeout_ms"]).unwrap_err();
+        let text = err.to_string();
+        let (_, known) = text.split_once("; known: ").expect("the known options");
+        assert!(text.contains("unknown option `response_timeout_ms`"), "{err}");
+        assert!(!known.contains("response_timeout_ms"), "{err}");
     }
 
     #[test]

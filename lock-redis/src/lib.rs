@@ -12,6 +12,7 @@ use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, Grant, HeldLock, Lease, Limits, LockBackend,
     LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
 };
+use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
 use lock_redis_wire::{Batcher, Claim, Handout, LockKeys, RedisSettings, TokenRule, map_error};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
@@ -54,7 +55,7 @@ impl RedisOptions {
                 ));
             }
         };
-        let settings = RedisSettings::from_url(&parsed, tls, &[])?;
+        let settings = RedisSettings::from_url(&parsed, tls, &[RESPONSE_TIMEOUT])?;
         if !cluster && settings.servers.len() > 1 {
             return Err(Error::invalid(
                 "url",

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use lock_core::url::ServerUrl;
 use lock_core::{Error, Result};
+use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::{RedisSettings, Timeouts};
 
 /// The query options this backend reads beyond the ones every Redis backend
@@ -49,16 +50,6 @@ impl RedlockOptions {
 
     /// These options with any the URL's query sets instead.
     pub(crate) fn with_url(mut self, url: &ServerUrl, settings: &RedisSettings) -> Result<Self> {
-        // Every Redis backend reads it, but here it would bound nothing: a
-        // node's answer is bounded by the per-node timeout.
-        if url.param("response_timeout_ms").is_some() {
-            return Err(Error::invalid(
-                "url",
-                format!(
-                    "{url}: `response_timeout_ms` does not apply to Redlock; each node's answer is bounded by `node_timeout_ms`"
-                ),
-            ));
-        }
         if let Some(t) = url.millis_param("node_timeout_ms")? {
             self.node_timeout = t;
         }
@@ -94,6 +85,16 @@ pub(crate) fn parse(url: &str, options: RedlockOptions) -> Result<(RedisSettings
             ));
         }
     };
+    // The single-server backend's option, named here so that a URL moved
+    // over from it is told what to use instead (not only that it is unknown).
+    if parsed.param(RESPONSE_TIMEOUT).is_some() {
+        return Err(Error::invalid(
+            "url",
+            format!(
+                "{parsed}: `{RESPONSE_TIMEOUT}` does not apply to Redlock; each node's answer is bounded by `node_timeout_ms`"
+            ),
+        ));
+    }
     let settings = RedisSettings::from_url(&parsed, tls, OPTIONS)?;
     let options = options.with_url(&parsed, &settings)?;
     Ok((settings, options))
@@ -127,7 +128,7 @@ mod tests {
             ("redis://:pw@a:1", "not redis://"),
             (
                 "redlock://:pw@a:1?node_timout_ms=5",
-                "unknown option `node_timout_ms`",
+                "unknown option `node_timout_ms`; known: ca_file, cert_file, connect_timeout_ms, key_file, node_timeout_ms, prefix, timeout_ms, tls",
             ),
         ] {
             let err = parse(input, RedlockOptions::default()).unwrap_err();
