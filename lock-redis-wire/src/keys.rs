@@ -62,7 +62,10 @@ impl Default for KeyLayout {
 
 impl KeyLayout {
     /// A layout under `prefix`. The prefix may be empty; it may not contain
-    /// `{` or `}`, which would move the hash tag.
+    /// `{` or `}`, which would move the hash tag. An empty prefix puts every
+    /// name in the database's own namespace, beside the application's keys:
+    /// the shared counter is then plainly `fence`, and a key of that name
+    /// written by anything else would move every lock's fencing tokens.
     pub fn new(prefix: impl Into<String>) -> Result<Self> {
         let prefix = prefix.into();
         if prefix.contains(['{', '}']) {
