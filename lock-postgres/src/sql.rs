@@ -12,6 +12,10 @@ pub const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 /// vanish when that transaction ends, whoever ended it.
 const HELD_MARK: &str = "lockkit.held";
 
+/// The custom setting that keeps the session's `statement_timeout` while
+/// the grant's own statements run without it.
+const SAVED_STATEMENT_TIMEOUT: &str = "lockkit.statement_timeout";
+
 /// Validated schema, table and sequence names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Names {
@@ -143,10 +147,11 @@ impl Statements {
             ),
             refresh: format!(
                 "SELECT current_setting('{HELD_MARK}', true) = 'on', \
-                 set_config('idle_in_transaction_session_timeout', $1, true), set_config('lock_timeout', $2, true)"
+                 set_config('idle_in_transaction_session_timeout', $1, true), set_config('lock_timeout', $2, true), \
+                 set_config('statement_timeout', current_setting('{SAVED_STATEMENT_TIMEOUT}'), true)"
             ),
             flush: format!(
-                "BEGIN; SET LOCAL synchronous_commit = on; \
+                "BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL statement_timeout = 0; \
                  INSERT INTO {table} (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
                  SELECT 1 FROM {table} WHERE name = '' FOR KEY SHARE; COMMIT;"
             ),
@@ -302,9 +307,23 @@ pub(crate) fn sequence_problem(
 /// grant's last statement sets it to the TTL. `lock_timeout` bounds any wait
 /// (the row lock when waiting, anything else as a safety net). Values are
 /// whole milliseconds, so splicing is safe.
+///
+/// Two server settings would end the lock early, so they are lifted:
+/// - `statement_timeout` (a role's or the server's) would cancel a wait
+///   for the row before the caller's wait is over. It is kept aside and
+///   given back by the grant's last statement, for the holder's own
+///   statements; this client bounds its own statements itself.
+/// - `transaction_timeout` (PostgreSQL 17 and newer) would end the lock's
+///   transaction, and so the lock, before its deadline. It stays at 0 for
+///   the whole transaction. Servers without it skip this (`current_setting`
+///   with `missing_ok` is then NULL).
 pub(crate) fn begin(idle: Duration, lock_timeout: Duration, check_client: bool) -> String {
     let mut sql = format!(
-        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL lock_timeout = {}; SET LOCAL {HELD_MARK} = 'on';",
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL lock_timeout = {}; SET LOCAL {HELD_MARK} = 'on'; \
+         SELECT set_config('{SAVED_STATEMENT_TIMEOUT}', current_setting('statement_timeout'), true), \
+         set_config('statement_timeout', '0', true), \
+         CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL \
+         THEN set_config('transaction_timeout', '0', true) END;",
         millis(idle),
         millis(lock_timeout)
     );

@@ -241,6 +241,61 @@ async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeo
     );
 }
 
+/// A backend connected as a role whose `statement_timeout` is 100 ms: the
+/// role is made once per server (superuser, so it may use any schema).
+async fn short_statements(url: &str) -> Option<PostgresBackend> {
+    let mut admin = plain(url).await;
+    sqlx::raw_sql(
+        "DO $$ BEGIN CREATE ROLE lockkit_short_statements LOGIN SUPERUSER; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+         ALTER ROLE lockkit_short_statements SET statement_timeout = '100ms'",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let (scheme, rest) = url.split_once("://")?;
+    let (_, host) = rest.split_once('@')?;
+    let url = format!("{scheme}://lockkit_short_statements@{host}");
+    Some(PostgresBackend::connect(&url).await.expect("connect"))
+}
+
+/// A role's or server's `statement_timeout` bounds the holder's statements,
+/// not the lock's own: an acquire waits its whole wait (here 4x the
+/// statement timeout) and ends as timed out, not cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_cuts_neither_the_wait_nor_the_lock_but_binds_the_holder() {
+    let Some((url, backend)) = setup("").await else {
+        return;
+    };
+    let Some(short) = short_statements(&url).await else {
+        panic!("no user in {url}");
+    };
+    let key = format!("{}statement-timeout", prefix());
+    let holder = Locker::new(backend);
+    let waiter = Locker::new(short.clone());
+    let held = holder.try_acquire(&key, Duration::from_secs(30)).await.unwrap();
+    let started = Instant::now();
+    let waited = waiter
+        .acquire(&key, Duration::from_secs(30), Duration::from_millis(400))
+        .await
+        .map(|_| ());
+    let waited_for = started.elapsed();
+    holder.release(held).await.unwrap();
+    assert!(
+        matches!(waited, Err(ref e) if e.is_timed_out()),
+        "{waited:?} after {waited_for:?}"
+    );
+    assert!(waited_for >= Duration::from_millis(400), "{waited_for:?}");
+
+    let lease = waiter.try_acquire(&key, Duration::from_secs(30)).await.unwrap();
+    let shown: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&mut short.transaction(&lease).await.unwrap())
+        .await
+        .unwrap();
+    waiter.release(lease).await.unwrap();
+    assert_eq!(shown, "100ms", "the holder's statements lost the role's setting");
+}
+
 /// The documented way to recover from a failed statement: a savepoint.
 /// The holder keeps the lock and its writes before and after the failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
