@@ -359,6 +359,35 @@ pub(crate) const HELD_CHECK: &str = "SELECT current_setting('lockkit.held', true
 mod tests {
     use super::*;
 
+    /// `examples/pairs.pgbench.sql`, the lab's pgbench bound, sends what an
+    /// uncontended try_acquire + release sends (default names, a 30 s TTL,
+    /// the default 5 s response timeout), one line per round trip.
+    #[test]
+    fn the_pgbench_script_sends_these_statements() {
+        let statements = Statements::new(&Names::default());
+        let (ttl, rt) = (Duration::from_secs(30), Duration::from_secs(5));
+        let key = "'pgbench/' || :client_id";
+        // pgbench sends a line's statements in one round trip when `\;` joins them.
+        let joined = |sql: &str| sql.replace("; ", " \\; ");
+        let expected = [
+            format!("{};", statements.insert.replace("$1", key)),
+            joined(&begin(grant_idle_timeout(ttl, rt), rt, false)),
+            format!("{};", statements.lock_nowait.replace("$1", key)),
+            format!(
+                "{};",
+                statements
+                    .refresh
+                    .replace("$1", &format!("'{}'", millis(ttl)))
+                    .replace("$2", &format!("'{}'", millis(rt)))
+            ),
+            "ROLLBACK;".to_owned(),
+            joined(&statements.flush),
+        ];
+        let script = include_str!("../examples/pairs.pgbench.sql");
+        let sent: Vec<&str> = script.lines().filter(|l| !l.starts_with("--")).collect();
+        assert_eq!(sent, expected);
+    }
+
     #[test]
     fn identifiers_are_plain_or_refused() {
         for ok in ["locks", "_x", "Locks_2"] {
