@@ -273,7 +273,10 @@ async fn a_statement_timeout_cuts_neither_the_wait_nor_the_lock_but_binds_the_ho
     let key = format!("{}statement-timeout", prefix());
     let holder = Locker::new(backend);
     let waiter = Locker::new(short.clone());
-    let held = holder.try_acquire(&key, Duration::from_secs(30)).await.unwrap();
+    let held = holder
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
     let started = Instant::now();
     let waited = waiter
         .acquire(&key, Duration::from_secs(30), Duration::from_millis(400))
@@ -287,13 +290,19 @@ async fn a_statement_timeout_cuts_neither_the_wait_nor_the_lock_but_binds_the_ho
     );
     assert!(waited_for >= Duration::from_millis(400), "{waited_for:?}");
 
-    let lease = waiter.try_acquire(&key, Duration::from_secs(30)).await.unwrap();
+    let lease = waiter
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
     let shown: String = sqlx::query_scalar("SHOW statement_timeout")
         .fetch_one(&mut short.transaction(&lease).await.unwrap())
         .await
         .unwrap();
     waiter.release(lease).await.unwrap();
-    assert_eq!(shown, "100ms", "the holder's statements lost the role's setting");
+    assert_eq!(
+        shown, "100ms",
+        "the holder's statements lost the role's setting"
+    );
 }
 
 /// The documented way to recover from a failed statement: a savepoint.

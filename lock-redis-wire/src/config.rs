@@ -326,7 +326,10 @@ mod tests {
         let err = RedisSettings::parse(url, false, &["node_timeout_ms"]).unwrap_err();
         let text = err.to_string();
         let (_, known) = text.split_once("; known: ").expect("the known options");
-        assert!(text.contains("unknown option `response_timeout_ms`"), "{err}");
+        assert!(
+            text.contains("unknown option `response_timeout_ms`"),
+            "{err}"
+        );
         assert!(!known.contains("response_timeout_ms"), "{err}");
     }
 
