@@ -288,7 +288,8 @@ async fn a_statement_timeout_cuts_neither_the_wait_nor_the_lock_but_binds_the_ho
         matches!(waited, Err(ref e) if e.is_timed_out()),
         "{waited:?} after {waited_for:?}"
     );
-    assert!(waited_for >= Duration::from_millis(400), "{waited_for:?}");
+    // Well past the 100 ms statement timeout.
+    assert!(waited_for >= Duration::from_millis(300), "{waited_for:?}");
 
     let lease = waiter
         .try_acquire(&key, Duration::from_secs(30))
