@@ -8,7 +8,32 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::sql::Names;
 
-/// Query parameters this crate reads; every other one goes to the driver.
+/// The driver's query parameters (sqlx's, in its spellings), passed on to it.
+/// Any other parameter is refused: the driver would ignore it with a
+/// warning that logs its value, and a misspelt `table` or `sequence` would
+/// quietly put two applications' locks in different places.
+const DRIVER_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// Query parameters this crate reads; the driver's go to it.
 const OWN_PARAMS: &[&str] = &[
     "max_held_locks",
     "connect_timeout_ms",
@@ -67,10 +92,11 @@ impl PostgresOptions {
     /// Default time allowed for one statement's reply.
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// Parses `postgres://` or `postgresql://` URLs. Driver options
+    /// Parses `postgres://` or `postgresql://` URLs. The driver's options
     /// (`sslmode`, `application_name`, `options`, `sslrootcert`, ...) are passed
     /// to the driver; this crate reads `max_held_locks`, `connect_timeout_ms`,
     /// `response_timeout_ms`, `schema`, `table`, `sequence` and `create_schema`.
+    /// Any other parameter is refused, named (its value is never shown).
     pub fn from_url(url: &str) -> Result<PostgresOptions> {
         let redacted = redact(url);
         let bad = |problem: String| Error::invalid("url", format!("{redacted}: {problem}"));
@@ -93,10 +119,20 @@ impl PostgresOptions {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        let driver: Vec<_> = pairs
+        let is_driver =
+            |k: &str| DRIVER_PARAMS.contains(&k) || (k.starts_with("options[") && k.ends_with(']'));
+        if let Some((unknown, _)) = pairs
             .iter()
-            .filter(|(k, _)| !OWN_PARAMS.contains(&k.as_str()))
-            .collect();
+            .find(|(k, _)| !OWN_PARAMS.contains(&k.as_str()) && !is_driver(k))
+        {
+            // Named, never shown with its value, which may be a secret.
+            return Err(bad(format!(
+                "unknown parameter `{unknown}`; known: {}, and the driver's {}",
+                OWN_PARAMS.join(", "),
+                DRIVER_PARAMS.join(", ")
+            )));
+        }
+        let driver: Vec<_> = pairs.iter().filter(|(k, _)| is_driver(k)).collect();
         if driver.is_empty() {
             parsed.set_query(None);
         } else {
@@ -215,7 +251,7 @@ mod tests {
     #[test]
     fn own_parameters_are_read_and_driver_parameters_passed_on() {
         let o = PostgresOptions::from_url(
-            "postgresql://u:pw@db.example:6543/app?sslmode=disable&application_name=billing&max_held_locks=3&table=my_locks&response_timeout_ms=250",
+            "postgresql://u:pw@db.example:6543/app?sslmode=disable&application_name=billing&max_held_locks=3&table=my_locks&response_timeout_ms=250&options[search_path]=app",
         )
         .unwrap();
         assert_eq!(o.max_held_locks, 3);
@@ -244,11 +280,20 @@ mod tests {
             ("postgres://u:pw@h/db?table=locks;drop", "plain identifier"),
             ("postgres://u:pw@h/db?create_schema=maybe", "true or false"),
             ("mysql://u:pw@h/db", "scheme"),
+            (
+                "postgres://u:pw@h/db?tabel=my_locks",
+                "unknown parameter `tabel`",
+            ),
+            (
+                "postgres://u@h/db?pasword=hunter2",
+                "unknown parameter `pasword`",
+            ),
             #[cfg(not(feature = "tls"))]
             ("postgres://u:pw@h/db?sslmode=require", "feature `tls`"),
         ] {
             let err = PostgresOptions::from_url(url).unwrap_err().to_string();
-            assert!(err.contains(expect) && !err.contains("pw@"), "{url}: {err}");
+            assert!(err.contains(expect), "{url}: {err}");
+            assert!(!err.contains("pw@") && !err.contains("hunter2"), "{url}: {err}");
         }
     }
 }
