@@ -293,7 +293,10 @@ mod tests {
         ] {
             let err = PostgresOptions::from_url(url).unwrap_err().to_string();
             assert!(err.contains(expect), "{url}: {err}");
-            assert!(!err.contains("pw@") && !err.contains("hunter2"), "{url}: {err}");
+            assert!(
+                !err.contains("pw@") && !err.contains("hunter2"),
+                "{url}: {err}"
+            );
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::target::Target;
 #[command(name = "lockctl", version, after_help = exit::HELP)]
 struct Cli {
     /// Backend URL, e.g. redis://127.0.0.1:6379 or etcd://h1:2379,h2:2379,h3:2379.
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL", conflicts_with = "profile")]
     url: Option<String>,
     /// Profile of the config file to use (its URL, TTL, wait, key prefix and requirements).
     #[arg(long, global = true, value_name = "NAME")]
@@ -48,10 +48,14 @@ enum Cmd {
     /// LOCK_DEADLINE (the lock's deadline when CMD started, in milliseconds
     /// since the Unix epoch on this machine's clock; lockctl renews the lock
     /// while CMD runs, so it matters only if renewals fail) in its
-    /// environment. SIGINT, SIGTERM and SIGHUP are forwarded to the group.
-    /// If the lock is lost, the whole group gets SIGTERM, then SIGKILL after
-    /// --grace, and lockctl exits 77. Processes CMD leaves behind in its
-    /// group are terminated the same way before the lock is released.
+    /// environment. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to
+    /// the group (with SIGCONT, so a stopped command gets them too); a group
+    /// still running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
+    /// itself is not stopped by Ctrl-Z (SIGTSTP), which would stop its
+    /// renewals while CMD runs on. If the lock is lost, the whole group gets
+    /// SIGTERM, then SIGKILL after --grace, and lockctl exits 77. Processes
+    /// CMD leaves behind in its group are terminated the same way before the
+    /// lock is released.
     Run {
         /// The lock's key.
         key: String,
@@ -61,8 +65,8 @@ enum Cmd {
         /// How long to wait for the lock [default: the profile's, else 0s].
         #[arg(long, value_parser = duration)]
         wait: Option<Duration>,
-        /// Time between SIGTERM and SIGKILL when the group must stop.
-        #[arg(long, value_parser = duration, default_value = "10s")]
+        /// Time between SIGTERM and SIGKILL when the group must stop (at most 1h).
+        #[arg(long, value_parser = grace, default_value = "10s")]
         grace: Duration,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "CMD")]
@@ -110,6 +114,39 @@ fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text)
 }
 
+/// The longest --grace: after a lost lock the group runs unprotected for
+/// up to this long.
+const MAX_GRACE: Duration = Duration::from_secs(3600);
+
+fn grace(text: &str) -> Result<Duration, String> {
+    let grace = parse_duration(text)?;
+    if grace > MAX_GRACE {
+        return Err(format!("at most {}s, got `{text}`", MAX_GRACE.as_secs()));
+    }
+    Ok(grace)
+}
+
+/// `text` with every URL in it redacted: clap quotes the arguments it
+/// could not place, and a URL given without --url may carry a password.
+fn scrub_urls(text: &str) -> String {
+    let is_url_char = |c: char| !c.is_whitespace() && !matches!(c, '\'' | '"' | '`');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let start = rest[..at]
+            .rfind(|c: char| !is_url_char(c))
+            .map_or(0, |i| i + 1);
+        let end = rest[at..]
+            .find(|c: char| !is_url_char(c))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&url::redact(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -120,7 +157,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             // clap's first paragraph, on one line: the problem without the usage.
-            let text = e.to_string();
+            let text = scrub_urls(&e.to_string());
             let first: Vec<_> = text
                 .lines()
                 .take_while(|l| !l.trim().is_empty())

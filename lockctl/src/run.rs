@@ -21,7 +21,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 use crate::exit;
 
@@ -39,11 +39,24 @@ pub struct RunOptions {
     pub command: Vec<OsString>,
 }
 
-/// The signals forwarded to the command's process group.
-const FORWARDED: [(SignalKind, Signal); 3] = [
+/// The signals forwarded to the command's process group. The command runs
+/// in a group of its own, so keys pressed in the terminal reach only
+/// lockctl's group: lockctl passes them on.
+const FORWARDED: [(SignalKind, Signal); 4] = [
     (SignalKind::interrupt(), Signal::SIGINT),
     (SignalKind::terminate(), Signal::SIGTERM),
     (SignalKind::hangup(), Signal::SIGHUP),
+    (SignalKind::quit(), Signal::SIGQUIT),
+];
+
+/// Job-control stops (Ctrl-Z, and terminal reads or writes from the
+/// background). Stopped, lockctl would stop renewing while its command,
+/// which does not get them, runs on: the lock would lapse under it. So
+/// lockctl catches them and keeps going.
+const NOT_STOPPED_BY: [SignalKind; 3] = [
+    SignalKind::from_raw(Signal::SIGTSTP as i32),
+    SignalKind::from_raw(Signal::SIGTTIN as i32),
+    SignalKind::from_raw(Signal::SIGTTOU as i32),
 ];
 
 /// Runs the command under the lock and returns lockctl's exit code.
@@ -60,9 +73,17 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             }
         }
     }
-    let [(int, _), (term, _), (hup, _)] = &mut streams[..] else {
-        unreachable!("three signals registered above")
+    let [(int, _), (term, _), (hup, _), (quit, _)] = &mut streams[..] else {
+        unreachable!("four signals registered above")
     };
+    // A caught signal stays caught for the life of the process: nothing
+    // needs to read these.
+    for kind in NOT_STOPPED_BY {
+        if let Err(e) = signal(kind) {
+            eprintln!("lockctl: cannot handle signal {}: {e}", kind.as_raw_value());
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    }
 
     let options = GuardOptions::new(opts.ttl).wait(opts.wait);
     let guard = tokio::select! {
@@ -74,6 +95,7 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         _ = int.recv() => return ExitCode::from(128 + Signal::SIGINT as u8),
         _ = term.recv() => return ExitCode::from(128 + Signal::SIGTERM as u8),
         _ = hup.recv() => return ExitCode::from(128 + Signal::SIGHUP as u8),
+        _ = quit.recv() => return ExitCode::from(128 + Signal::SIGQUIT as u8),
     };
 
     #[cfg(target_os = "linux")]
@@ -88,6 +110,8 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             guard.fencing_token().get().to_string(),
         )
         .env("LOCK_DEADLINE", unix_millis(guard.deadline()).to_string())
+        // The command has no use for it, and it may carry a password.
+        .env_remove(crate::target::URL_ENV)
         .process_group(0);
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -108,7 +132,17 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
 
     let lost = guard.lost();
     tokio::pin!(lost);
+    // Set by a forwarded SIGTERM: a group still running --grace later gets
+    // SIGKILL, as `timeout -k` does, so that lockctl never holds the lock
+    // for a command that will not stop.
+    let mut kill_at: Option<Instant> = None;
     let status = loop {
+        let killing = async {
+            match kill_at {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             reason = &mut lost => {
@@ -121,8 +155,20 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             }
             status = child.wait() => break status,
             _ = int.recv() => forward(pgid, Signal::SIGINT),
-            _ = term.recv() => forward(pgid, Signal::SIGTERM),
+            _ = term.recv() => {
+                forward(pgid, Signal::SIGTERM);
+                kill_at.get_or_insert_with(|| after(opts.grace));
+            }
             _ = hup.recv() => forward(pgid, Signal::SIGHUP),
+            _ = quit.recv() => forward(pgid, Signal::SIGQUIT),
+            () = killing => {
+                eprintln!(
+                    "lockctl: the command was still running {:?} after SIGTERM; killing its process group",
+                    opts.grace
+                );
+                let _ = killpg(pgid, Signal::SIGKILL);
+                kill_at = None;
+            }
         }
     };
 
@@ -156,6 +202,16 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
 fn forward(pgid: Pid, sig: Signal) {
     // ESRCH: the group is already gone, nothing to tell.
     let _ = killpg(pgid, sig);
+    // A stopped process (one that read the terminal from the background,
+    // say) would keep the signal pending, and lockctl the lock, for good.
+    let _ = killpg(pgid, Signal::SIGCONT);
+}
+
+/// `grace` from now, or far off if that does not fit in an `Instant`.
+fn after(grace: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(grace)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
 }
 
 /// Terminates every process of the group: SIGTERM, then SIGKILL once
@@ -167,7 +223,8 @@ async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, grace: Durat
         return;
     }
     let _ = killpg(pgid, Signal::SIGTERM);
-    let until = Instant::now() + grace;
+    let _ = killpg(pgid, Signal::SIGCONT);
+    let until = after(grace);
     if let Some(child) = leader.as_deref_mut()
         && timeout_at(until, child.wait()).await.is_ok()
     {

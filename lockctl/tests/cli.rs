@@ -155,6 +155,41 @@ fn bad_input_gives_one_line_and_its_exit_code() {
             code::CONFIG,
             "/no/such/file.toml",
         ),
+        // Past what an Instant can hold: refused, not a panic at the loss.
+        (
+            &[
+                "--url",
+                "memory://",
+                "run",
+                "k",
+                "--grace",
+                "18446744073709551615s",
+                "--",
+                "true",
+            ],
+            code::USAGE,
+            "at most 3600s",
+        ),
+        // A URL given where clap expected a subcommand is shown redacted.
+        (
+            &["redis://:hunter2@h", "run", "k", "--", "true"],
+            code::USAGE,
+            "redis://:***@h",
+        ),
+        (
+            &[
+                "--url",
+                "memory://",
+                "--profile",
+                "p",
+                "run",
+                "k",
+                "--",
+                "true",
+            ],
+            code::USAGE,
+            "cannot be used with",
+        ),
     ];
     for (args, code, needle) in cases {
         let out = output(args);
@@ -173,6 +208,21 @@ fn lock_url_from_the_environment() {
     assert!(
         out.status.success(),
         "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The command does not inherit `LOCK_URL`, which may carry a password.
+#[test]
+fn the_command_does_not_see_the_backend_url() {
+    let out = lockctl()
+        .env("LOCK_URL", "memory://")
+        .args(["run", "k", "--", "sh", "-c", "test -z \"$LOCK_URL\""])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "LOCK_URL reached the command: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -232,3 +232,90 @@ fn a_run_leaves_no_etcd_lease_behind() {
     let leases = cluster.etcdctl(&["lease", "list"]).expect("list leases");
     assert_eq!(leases.trim(), "found 0 leases", "{leases}");
 }
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// The state letter of `pid` in /proc (`T` when stopped).
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(") ").next()?.chars().next()
+}
+
+/// A command that ignores SIGTERM does not keep lockctl, and the lock,
+/// forever: --grace after the forwarded SIGTERM, its group is killed.
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        // Bounded, so that it cannot outlive a failed run by long.
+        "trap '' TERM; echo > {}; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        ready.display()
+    );
+    let mut lockctl = spawn(&[
+        "--url",
+        "memory://",
+        "run",
+        "k",
+        "--grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    wait_for_file(&ready);
+    signal(&lockctl, nix::sys::signal::Signal::SIGTERM);
+    let status = wait_exit(&mut lockctl);
+    let stderr = stderr_of(lockctl);
+    assert_eq!(status.code(), Some(128 + 9), "{stderr}");
+    assert!(stderr.contains("still running"), "{stderr}");
+}
+
+/// A stopped command (here it stops itself, as a terminal read from the
+/// background would) still gets a forwarded signal, here Ctrl-\'s SIGQUIT.
+#[test]
+fn a_forwarded_signal_reaches_a_stopped_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "trap 'exit 3' QUIT; echo $$ > {}; kill -STOP $$; while :; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let mut lockctl = spawn(&["--url", "memory://", "run", "k", "--", "sh", "-c", &script]);
+    let pid = read_pid(&pid_file);
+    let until = std::time::Instant::now() + PATIENCE;
+    // No event tells another process that one has stopped: poll its state.
+    while state(pid) != Some('T') {
+        assert!(
+            std::time::Instant::now() < until,
+            "the command never stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    signal(&lockctl, nix::sys::signal::Signal::SIGQUIT);
+    let status = wait_exit(&mut lockctl);
+    assert_eq!(status.code(), Some(3), "{}", stderr_of(lockctl));
+}
+
+/// Ctrl-Z (SIGTSTP) does not stop lockctl: stopped, it would stop renewing
+/// while the command, in a group of its own, ran on.
+#[test]
+fn ctrl_z_does_not_stop_lockctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+    let script = format!(
+        "echo > {}; while [ ! -e {} ]; do sleep 0.02; done",
+        ready.display(),
+        go.display()
+    );
+    let mut lockctl = spawn(&["--url", "memory://", "run", "k", "--", "sh", "-c", &script]);
+    wait_for_file(&ready);
+    signal(&lockctl, nix::sys::signal::Signal::SIGTSTP);
+    std::fs::write(&go, "").unwrap();
+    // A stopped lockctl would never see its command end.
+    let status = wait_exit(&mut lockctl);
+    assert_eq!(status.code(), Some(0), "{}", stderr_of(lockctl));
+}
