@@ -50,7 +50,7 @@ pub fn available_schemes() -> Vec<&'static str> {
 /// refused with an error that lists the schemes available.
 pub async fn connect(url: &str) -> Result<Locker> {
     let redacted = url::redact(url);
-    let Some((scheme, _)) = url.split_once("://") else {
+    let Some((scheme, rest)) = url.split_once("://") else {
         return Err(Error::invalid(
             "url",
             format!(
@@ -61,6 +61,14 @@ pub async fn connect(url: &str) -> Result<Locker> {
     };
     let scheme = scheme.to_ascii_lowercase();
     match scheme.as_str() {
+        // Nothing after the scheme is read: a name or an option would
+        // suggest a shared or configured lock space that is not there.
+        "memory" if !rest.is_empty() => Err(Error::invalid(
+            "url",
+            format!(
+                "{redacted}: memory:// takes no host, path or options; each connect makes a new, empty lock space"
+            ),
+        )),
         "memory" => Ok(Locker::new(MemoryBackend::new())),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
@@ -112,6 +120,17 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("pw@"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_memory_url_with_anything_after_the_scheme_is_refused() {
+        for url in ["memory://shared", "memory://?ttl=5", "memory:///x"] {
+            let err = connect(url).await.unwrap_err();
+            assert!(
+                err.is_invalid_input() && err.to_string().contains("takes no host"),
+                "{url}: {err}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -78,3 +78,46 @@ fn the_readme_matrix_matches_the_backends_capabilities() {
         }
     }
 }
+
+/// The README's example config: each of its profiles is met by a backend of
+/// the kind its URL names (here the shared server of that kind).
+#[test]
+fn the_readme_example_profiles_are_met_by_their_backends() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let toml: String = readme
+        .lines()
+        .skip_while(|l| *l != "```toml")
+        .skip(1)
+        .take_while(|l| *l != "```")
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config = lockkit::config::Config::parse(&toml, "README.md").expect("the example parses");
+    let servers = common::servers();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut checked = 0;
+    for profile in config.profiles() {
+        let scheme = profile.url.split("://").next().unwrap_or_default();
+        let Some((_, url)) = servers.iter().find(|(b, _)| *b == scheme) else {
+            continue;
+        };
+        let locker = runtime.block_on(lockkit::connect(url)).expect("connect");
+        let short = profile.requirements.shortfalls(locker.capabilities());
+        assert!(
+            short.is_empty(),
+            "README profile `{}` is refused by {scheme}: {short:?}",
+            profile.name
+        );
+        checked += 1;
+    }
+    if std::env::var("LOCKKIT_REQUIRE_SERVERS").as_deref() == Ok("1") {
+        assert_eq!(
+            checked,
+            config.profiles().count(),
+            "a profile was not checked"
+        );
+    }
+}

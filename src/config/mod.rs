@@ -21,7 +21,7 @@
 //! survives_server_loss = 1      # tolerated_server_failures >= 1
 //! min_safety = "consensus"      # in-process < single-node < quorum < consensus < acid-transaction
 //! fifo_fair = true              # waiters are served in order
-//! lock_outlives_connection = false  # a dead client connection frees the lock at once
+//! # lock_outlives_connection = false  # a dead client connection frees the lock at once (PostgreSQL only)
 //! ```
 //!
 //! ```no_run
