@@ -101,7 +101,14 @@ impl RedlockBackend {
         let clients = (0..n)
             .map(|i| settings.client(i))
             .collect::<Result<Vec<_>>>()?;
-        let capabilities = Capabilities::new(BACKEND, SafetyModel::QuorumWithTimingAssumptions)
+        // One node is no quorum: it is a single server, whose restart or
+        // failover breaks the lock (two already ask both to agree).
+        let safety = if n == 1 {
+            SafetyModel::SingleNode
+        } else {
+            SafetyModel::QuorumWithTimingAssumptions
+        };
+        let capabilities = Capabilities::new(BACKEND, safety)
             .with_fencing(
                 FencingGuarantee::Strict,
                 [

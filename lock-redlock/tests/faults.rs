@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, Locker};
+use lock_core::{Error, LockBackend, Locker, SafetyModel};
 use lock_redlock::{QuorumError, RedlockBackend, RedlockOptions};
 use lock_testkit::RedisNodes;
 use tokio::time::Instant;
@@ -322,4 +322,20 @@ async fn a_paused_node_runs_a_release_after_the_acquire_it_follows() {
         .try_acquire("paused-then-released", TTL)
         .await
         .expect("free on every node");
+}
+
+/// One node is reported as the single server it is, so that a profile
+/// asking for a quorum refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_is_a_single_node_not_a_quorum() {
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    let one = RedlockBackend::connect(&format!("redlock://{}", nodes.node(0).host_port()))
+        .await
+        .expect("connect");
+    let (three, _) = connect(&nodes).await;
+    assert_eq!(one.capabilities().safety, SafetyModel::SingleNode);
+    assert_eq!(
+        three.capabilities().safety,
+        SafetyModel::QuorumWithTimingAssumptions
+    );
 }
