@@ -180,6 +180,10 @@ pub enum Assumption {
     BoundedClockDrift,
     /// Network delays and process pauses are short compared to the TTL.
     BoundedDelaysAndPauses,
+    /// A replica promoted by a failover has a clock no earlier than its
+    /// old master's (tokens lost with unreplicated counters are seeded from
+    /// the new master's clock).
+    ReplicaClocksAgree,
     /// A majority of the nodes keeps its data (counters) across restarts.
     MajorityKeepsState,
     /// A majority of the cluster's members is up and keeps its log.
@@ -198,6 +202,7 @@ impl Assumption {
             Assumption::ServerClockNeverStepsBack
                 | Assumption::BoundedClockDrift
                 | Assumption::BoundedDelaysAndPauses
+                | Assumption::ReplicaClocksAgree
         )
     }
 }
@@ -214,6 +219,9 @@ impl fmt::Display for Assumption {
             }
             Assumption::BoundedDelaysAndPauses => {
                 "network delays and process pauses are short against the TTL"
+            }
+            Assumption::ReplicaClocksAgree => {
+                "a replica promoted by a failover has a clock no earlier than its old master's"
             }
             Assumption::MajorityKeepsState => {
                 "a majority of the nodes keeps its data across restarts"

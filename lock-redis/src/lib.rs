@@ -154,7 +154,7 @@ impl RedisBackend {
             conn,
             batcher,
             wakeups: Wakeups::new(&settings),
-            capabilities: capabilities(backend),
+            capabilities: capabilities(backend, cluster),
             endpoint,
             settings,
             cluster,
@@ -275,14 +275,20 @@ impl RedisBackend {
     }
 }
 
-fn capabilities(backend: &'static str) -> Capabilities {
+fn capabilities(backend: &'static str, cluster: bool) -> Capabilities {
+    // Tokens are max(counter + 1, server clock in µs): a lost counter
+    // (restart without persistence, old snapshot, failover) falls back to the
+    // clock, on a cluster to the clock of whichever node now serves the key.
+    let fencing: &[Assumption] = if cluster {
+        &[
+            Assumption::ServerClockNeverStepsBack,
+            Assumption::ReplicaClocksAgree,
+        ]
+    } else {
+        &[Assumption::ServerClockNeverStepsBack]
+    };
     Capabilities::new(backend, SafetyModel::SingleNode)
-        // Tokens are max(counter + 1, server clock in µs): a lost counter
-        // (restart without persistence, old snapshot, failover) falls back to the clock.
-        .with_fencing(
-            FencingGuarantee::Strict,
-            [Assumption::ServerClockNeverStepsBack],
-        )
+        .with_fencing(FencingGuarantee::Strict, fencing.iter().copied())
         .with_wake_up(WakeUp::PubSub)
         .with_remaining_ttl(true)
         .with_lock_outlives_connection(true)
@@ -364,6 +370,13 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_tokens_also_rest_on_the_replicas_clocks() {
+        let rests_on = |cluster| capabilities("x", cluster).fencing.rests_on;
+        assert_eq!(rests_on(false), [Assumption::ServerClockNeverStepsBack]);
+        assert!(rests_on(true).contains(&Assumption::ReplicaClocksAgree));
+    }
 
     #[test]
     fn zero_timeouts_are_refused_naming_which() {
