@@ -38,6 +38,10 @@ impl Sabotage for ForceRelease {
 pub struct Fixture {
     /// The locker over the backend.
     pub locker: Locker,
+    /// A second, independent client of the same servers (its own
+    /// connections; for the memory backend, a second handle on the same
+    /// lock space): what one client grants, the other must see.
+    pub other: Locker,
     /// How to remove a grant behind its holder's back.
     pub sabotage: Box<dyn Sabotage>,
     prefix: String,
@@ -46,10 +50,11 @@ pub struct Fixture {
 impl Fixture {
     /// A fixture whose keys all start with a fresh random prefix, so runs
     /// and cases never collide on a shared server.
-    pub fn new(locker: Locker, sabotage: impl Sabotage + 'static) -> Self {
+    pub fn new(locker: Locker, other: Locker, sabotage: impl Sabotage + 'static) -> Self {
         let random = getrandom::u64().expect("the operating system's random source is unavailable");
         Fixture {
             locker,
+            other,
             sabotage: Box::new(sabotage),
             prefix: format!("conformance-{random:016x}/"),
         }

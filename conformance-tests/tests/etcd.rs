@@ -26,7 +26,12 @@ impl Sabotage for Revoke {
 async fn fixture() -> Option<Fixture> {
     let url = server_url("LOCKKIT_ETCD_URL")?;
     let backend = EtcdBackend::connect(&url).await.expect("connect to etcd");
-    Some(Fixture::new(Locker::new(backend.clone()), Revoke(backend)))
+    let other = EtcdBackend::connect(&url).await.expect("connect to etcd");
+    Some(Fixture::new(
+        Locker::new(backend.clone()),
+        Locker::new(other),
+        Revoke(backend),
+    ))
 }
 
 conformance_suite!(fixture);

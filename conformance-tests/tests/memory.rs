@@ -14,7 +14,11 @@ impl Sabotage for Expire {
 
 async fn fixture() -> Option<Fixture> {
     let memory = MemoryBackend::new();
-    Some(Fixture::new(Locker::new(memory.clone()), Expire(memory)))
+    Some(Fixture::new(
+        Locker::new(memory.clone()),
+        Locker::new(memory.clone()),
+        Expire(memory),
+    ))
 }
 
 conformance_suite!(fixture);

@@ -9,7 +9,11 @@ use lock_postgres::PostgresBackend;
 async fn fixture() -> Option<Fixture> {
     let url = server_url("LOCKKIT_POSTGRES_URL")?;
     let connect = || async { Locker::new(PostgresBackend::connect(&url).await.expect("connect")) };
-    Some(Fixture::new(connect().await, ForceRelease(connect().await)))
+    Some(Fixture::new(
+        connect().await,
+        connect().await,
+        ForceRelease(connect().await),
+    ))
 }
 
 conformance_suite!(fixture);

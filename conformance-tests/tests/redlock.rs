@@ -18,7 +18,11 @@ async fn fixture() -> Option<Fixture> {
                 .expect("connect"),
         )
     };
-    Some(Fixture::new(connect().await, ForceRelease(connect().await)))
+    Some(Fixture::new(
+        connect().await,
+        connect().await,
+        ForceRelease(connect().await),
+    ))
 }
 
 conformance_suite!(fixture);

@@ -5,9 +5,10 @@ use crate::Fixture;
 
 const GRANTS: usize = 100;
 
-/// 100 successive grants on one key: most released, some left to expire,
-/// some dropped without a word (a crashed holder). Every token is strictly
-/// greater than the one before.
+/// 100 successive grants on one key, alternating between two independent
+/// clients: most released, some left to expire, some dropped without a
+/// word (a crashed holder), some removed behind their holder's back (an
+/// operator). Every token is strictly greater than the one before.
 pub async fn fencing_tokens_strictly_increase(fx: &Fixture) {
     let key = fx.key("fencing");
     let ttl = short(fx);
@@ -15,8 +16,8 @@ pub async fn fencing_tokens_strictly_increase(fx: &Fixture) {
     // Leases left to expire stay alive, unrenewed, like a paused holder's.
     let mut expired = Vec::new();
     for i in 0..GRANTS {
-        let lease = fx
-            .locker
+        let locker = if i % 2 == 0 { &fx.locker } else { &fx.other };
+        let lease = locker
             .acquire(&key, ttl, expiry_wait(ttl))
             .await
             .unwrap_or_else(|e| panic!("grant #{i}: {e}"));
@@ -33,8 +34,12 @@ pub async fn fencing_tokens_strictly_increase(fx: &Fixture) {
             7 => expired.push(lease),
             // The holder vanishes: its lease is dropped, never released.
             13 => drop(lease),
-            _ => fx
-                .locker
+            // An operator removes the grant; its holder never learns.
+            19 => {
+                fx.remove_grant(&lease).await;
+                expired.push(lease);
+            }
+            _ => locker
                 .release(lease)
                 .await
                 .unwrap_or_else(|e| panic!("release #{i}: {e}")),

@@ -141,7 +141,9 @@ pub async fn forged_lease_can_neither_extend_nor_release(fx: &Fixture) {
         .expect("the real holder releases");
 }
 
-/// Extending moves the deadline forward, by the new TTL.
+/// Extending moves the deadline forward, by the new TTL, on the client and
+/// on the server: another client still finds the lock held well past the
+/// first TTL.
 pub async fn extend_moves_the_deadline(fx: &Fixture) {
     let key = fx.key("extend");
     let ttl = fx.short_ttl(Duration::from_secs(2));
@@ -156,6 +158,22 @@ pub async fn extend_moves_the_deadline(fx: &Fixture) {
         lease.remaining()
     );
     assert_eq!(lease.ttl(), longer);
+    match fx.other.try_acquire(&key, LONG_TTL).await {
+        Err(Error::Contended {
+            remaining: Some(left),
+            ..
+        }) => assert!(left > ttl, "the server kept the first TTL: {left:?} left"),
+        Err(Error::Contended {
+            remaining: None, ..
+        }) => {}
+        other => panic!("after extend: expected contended, got {other:?}"),
+    }
+    // Time must pass here: the first TTL runs out on the server, or not.
+    tokio::time::sleep(ttl * 2).await;
+    match fx.other.try_acquire(&key, LONG_TTL).await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("twice the first TTL after extend: expected contended, got {other:?}"),
+    }
     fx.locker.release(lease).await.expect("release");
 }
 
