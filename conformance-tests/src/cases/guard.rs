@@ -1,9 +1,9 @@
 //! Guards: renewal, loss, release on drop, `with_lock`.
 
-use lock_core::{Error, GuardOptions};
+use lock_core::{Error, GuardOptions, LostReason};
 use tokio::time::Instant;
 
-use super::{LONG_TTL, SLACK, expiry_wait, short, within};
+use super::{LONG_TTL, SLACK, short, within};
 use crate::Fixture;
 
 /// A guard keeps its lock across at least five TTLs, renewing it, while
@@ -34,24 +34,38 @@ pub async fn guard_keeps_the_lock_across_ttls(fx: &Fixture) {
     guard.release().await.expect("release");
 }
 
-/// When the grant is removed behind the guard's back, `lost()` fires and
-/// the lock is free for others.
+/// Options under which a guard learns of a removed grant from the backend
+/// (at its next renewal, every short TTL, or sooner), long before its own
+/// deadline (30 s) could pass for it.
+fn renewing_often(fx: &Fixture) -> GuardOptions {
+    GuardOptions::new(LONG_TTL).renew_every(short(fx))
+}
+
+/// The backend, not the client's deadline, told the guard of its loss.
+fn told_by_the_backend(reason: LostReason) {
+    assert!(
+        matches!(reason, LostReason::NotHeld | LostReason::ConnectionLost),
+        "the loss was not reported by the backend: {reason}"
+    );
+}
+
+/// When the grant is removed behind the guard's back, `lost()` fires, from
+/// what the backend says, and the lock is free for others.
 pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
     let key = fx.key("guard-lost");
-    let ttl = short(fx);
     let guard = fx
         .locker
-        .guard(&key, GuardOptions::new(ttl))
+        .guard(&key, renewing_often(fx))
         .await
         .expect("guard");
     let lost = guard.lost();
     let lease_key = guard.key().to_string();
     fx.sabotage.remove_grant(&lease_key).await;
-    within(expiry_wait(ttl), "the guard's lost() fires", lost).await;
-    assert!(guard.lost_reason().is_some());
+    within(SLACK, "the guard's lost() fires", lost).await;
+    told_by_the_backend(guard.lost_reason().expect("a lost guard has a reason"));
     let next = fx
         .locker
-        .acquire(&key, LONG_TTL, expiry_wait(ttl))
+        .acquire(&key, LONG_TTL, SLACK)
         .await
         .expect("the lock is free after the loss");
     fx.locker.release(next).await.expect("release");
@@ -103,24 +117,21 @@ pub async fn with_lock_runs_the_work_and_releases(fx: &Fixture) {
     fx.locker.release(after).await.expect("release");
 
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let often = renewing_often(fx);
     let saboteur = async {
         started_rx.await.expect("the work started");
         fx.sabotage.remove_grant(&key).await;
     };
-    let work = fx
-        .locker
-        .with_lock(&key, GuardOptions::new(ttl), |_token| async move {
-            let _ = started_tx.send(());
-            std::future::pending::<()>().await
-        });
-    let (result, ()) = within(
-        expiry_wait(ttl) + SLACK,
-        "with_lock notices the loss",
-        async { tokio::join!(work, saboteur) },
-    )
+    let work = fx.locker.with_lock(&key, often, |_token| async move {
+        let _ = started_tx.send(());
+        std::future::pending::<()>().await
+    });
+    let (result, ()) = within(SLACK, "with_lock notices the loss", async {
+        tokio::join!(work, saboteur)
+    })
     .await;
     match result {
-        Err(Error::Lost { .. }) => {}
+        Err(Error::Lost { reason, .. }) => told_by_the_backend(reason),
         other => panic!("expected lost, got {other:?}"),
     }
 }
