@@ -125,9 +125,19 @@ impl PostgresOptions {
             .iter()
             .find(|(k, _)| !OWN_PARAMS.contains(&k.as_str()) && !is_driver(k))
         {
-            // Named, never shown with its value, which may be a secret.
+            // Named, never shown with its value, which may be a secret. A
+            // name that is no plain word may be a piece of a password that
+            // broke the URL (an unencoded `?`), so it is not shown either.
+            let plain = unknown
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.[]".contains(c));
+            let named = if plain {
+                format!("unknown parameter `{unknown}`")
+            } else {
+                "an unknown parameter (its name is not shown: it is no plain word)".to_owned()
+            };
             return Err(bad(format!(
-                "unknown parameter `{unknown}`; known: {}, and the driver's {}",
+                "{named}; known: {}, and the driver's {}",
                 OWN_PARAMS.join(", "),
                 DRIVER_PARAMS.join(", ")
             )));
@@ -288,6 +298,8 @@ mod tests {
                 "postgres://u@h/db?pasword=hunter2",
                 "unknown parameter `pasword`",
             ),
+            // A password with an unencoded `?`: the rest reads as a query.
+            ("postgres://u:1?hunter2@h/db", "an unknown parameter"),
             #[cfg(not(feature = "tls"))]
             ("postgres://u:pw@h/db?sslmode=require", "feature `tls`"),
         ] {

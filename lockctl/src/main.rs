@@ -20,9 +20,9 @@ use crate::target::Target;
 /// Run a command under a distributed lock, and inspect or manage locks, on
 /// any lockkit backend (memory, redis, redlock, etcd, postgres).
 ///
-/// The backend comes from --url, from --profile (a profile of the config
+/// The backend comes from --url, or from --profile (a profile of the config
 /// file, whose required guarantees are checked against the backend first),
-/// or from the LOCK_URL environment variable, in that order.
+/// not both; without either, from the LOCK_URL environment variable.
 #[derive(Parser)]
 #[command(name = "lockctl", version, after_help = exit::HELP)]
 struct Cli {
@@ -128,17 +128,25 @@ fn grace(text: &str) -> Result<Duration, String> {
 
 /// `text` with every URL in it redacted: clap quotes the arguments it
 /// could not place, and a URL given without --url may carry a password.
+/// A URL inside clap's quotes runs to the line's last quote (a password
+/// may hold a quote or a space); any other, to the next blank.
 fn scrub_urls(text: &str) -> String {
-    let is_url_char = |c: char| !c.is_whitespace() && !matches!(c, '\'' | '"' | '`');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
         let start = rest[..at]
-            .rfind(|c: char| !is_url_char(c))
+            .rfind(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`'))
             .map_or(0, |i| i + 1);
-        let end = rest[at..]
-            .find(|c: char| !is_url_char(c))
-            .map_or(rest.len(), |i| at + i);
+        let line_end = rest[at..].find('\n').map_or(rest.len(), |i| at + i);
+        let quoted = start > 0 && matches!(rest.as_bytes()[start - 1], b'\'' | b'"' | b'`');
+        let end = if quoted {
+            let quote = rest.as_bytes()[start - 1] as char;
+            rest[at..line_end].rfind(quote).map_or(line_end, |i| at + i)
+        } else {
+            rest[at..line_end]
+                .find(char::is_whitespace)
+                .map_or(line_end, |i| at + i)
+        };
         out.push_str(&rest[..start]);
         out.push_str(&url::redact(&rest[start..end]));
         rest = &rest[end..];
@@ -184,6 +192,14 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
+    // clap misses the conflict when one of these global flags comes before
+    // the subcommand and the other after it.
+    if cli.url.is_some() && cli.profile.is_some() {
+        eprintln!(
+            "lockctl: the argument '--url <URL>' cannot be used with '--profile <NAME>': a profile brings its own URL and requirements"
+        );
+        return ExitCode::from(exit::USAGE);
+    }
     #[cfg(feature = "bench")]
     if let Cmd::Bench(args) = &cli.command {
         return bench::run(args).await;

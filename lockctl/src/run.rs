@@ -49,15 +49,12 @@ const FORWARDED: [(SignalKind, Signal); 4] = [
     (SignalKind::quit(), Signal::SIGQUIT),
 ];
 
-/// Job-control stops (Ctrl-Z, and terminal reads or writes from the
-/// background). Stopped, lockctl would stop renewing while its command,
-/// which does not get them, runs on: the lock would lapse under it. So
-/// lockctl catches them and keeps going.
-const NOT_STOPPED_BY: [SignalKind; 3] = [
-    SignalKind::from_raw(Signal::SIGTSTP as i32),
-    SignalKind::from_raw(Signal::SIGTTIN as i32),
-    SignalKind::from_raw(Signal::SIGTTOU as i32),
-];
+/// Ctrl-Z. Stopped, lockctl would stop renewing while its command, which
+/// does not get it, runs on: the lock would lapse under it. So lockctl
+/// catches it and keeps going. (SIGTTIN and SIGTTOU are left alone: caught,
+/// a write to the terminal from the background under `stty tostop` would
+/// be retried for ever instead of stopping lockctl.)
+const CTRL_Z: SignalKind = SignalKind::from_raw(Signal::SIGTSTP as i32);
 
 /// Runs the command under the lock and returns lockctl's exit code.
 pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
@@ -77,12 +74,10 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         unreachable!("four signals registered above")
     };
     // A caught signal stays caught for the life of the process: nothing
-    // needs to read these.
-    for kind in NOT_STOPPED_BY {
-        if let Err(e) = signal(kind) {
-            eprintln!("lockctl: cannot handle signal {}: {e}", kind.as_raw_value());
-            return ExitCode::from(exit::UNAVAILABLE);
-        }
+    // needs to read it.
+    if let Err(e) = signal(CTRL_Z) {
+        eprintln!("lockctl: cannot handle {}: {e}", Signal::SIGTSTP);
+        return ExitCode::from(exit::UNAVAILABLE);
     }
 
     let options = GuardOptions::new(opts.ttl).wait(opts.wait);

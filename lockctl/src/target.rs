@@ -1,5 +1,5 @@
-//! Which backend to talk to: `--url`, `--profile` (from the config file), or
-//! `LOCK_URL`, in that order.
+//! Which backend to talk to: `--url` or `--profile` (from the config file),
+//! else `LOCK_URL`.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -176,6 +176,27 @@ fn bad_input_gives_one_line_and_its_exit_code() {
             code::USAGE,
             "redis://:***@h",
         ),
+        // Also when its password holds a quote or a space.
+        (
+            &["redis://:hunter2's x@h", "run", "k", "--", "true"],
+            code::USAGE,
+            "redis://",
+        ),
+        // The two flags on either side of the subcommand.
+        (
+            &[
+                "--profile",
+                "p",
+                "run",
+                "--url",
+                "memory://",
+                "k",
+                "--",
+                "true",
+            ],
+            code::USAGE,
+            "cannot be used with",
+        ),
         (
             &[
                 "--url",

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 
 use common::*;
@@ -311,7 +312,16 @@ fn ctrl_z_does_not_stop_lockctl() {
         ready.display(),
         go.display()
     );
-    let mut lockctl = spawn(&["--url", "memory://", "run", "k", "--", "sh", "-c", &script]);
+    // In a process group of its own, whose parent is outside it: the
+    // kernel drops a stop signal sent to an orphaned group, which would
+    // pass this test without the fix.
+    let mut lockctl = lockctl()
+        .args(["--url", "memory://", "run", "k", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("lockctl starts");
     wait_for_file(&ready);
     signal(&lockctl, nix::sys::signal::Signal::SIGTSTP);
     std::fs::write(&go, "").unwrap();
