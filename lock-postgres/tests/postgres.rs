@@ -42,6 +42,14 @@ async fn terminate(conn: &mut PgConnection, pid: i32) {
     assert!(ended, "pg_terminate_backend({pid}) did not end the session");
 }
 
+/// A setting as the holder's own statements see it, in the lock's transaction.
+async fn shown(backend: &PostgresBackend, lease: &lock_core::Lease, setting: &str) -> String {
+    sqlx::query_scalar(&format!("SHOW {setting}"))
+        .fetch_one(&mut backend.transaction(lease).await.unwrap())
+        .await
+        .unwrap()
+}
+
 /// A table of the test's own for its writes: `(id int PRIMARY KEY)`.
 async fn scratch_table(check: &mut PgConnection) -> String {
     let table = format!("lockkit_test_{:016x}", getrandom::u64().unwrap());
@@ -216,13 +224,7 @@ async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeo
         .acquire(&key, Duration::from_secs(30), Duration::from_millis(300))
         .await
         .unwrap();
-    let shown = async |lease: &lock_core::Lease| -> String {
-        sqlx::query_scalar("SHOW lock_timeout")
-            .fetch_one(&mut backend.transaction(lease).await.unwrap())
-            .await
-            .unwrap()
-    };
-    let granted = shown(&lease).await;
+    let granted = shown(&backend, &lease, "lock_timeout").await;
     // The holder's own setting outlives a renewal.
     sqlx::raw_sql("SET LOCAL lock_timeout = '7s'")
         .execute(&mut backend.transaction(&lease).await.unwrap())
@@ -232,7 +234,7 @@ async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeo
         .extend(&mut lease, Duration::from_secs(30))
         .await
         .unwrap();
-    let renewed = shown(&lease).await;
+    let renewed = shown(&backend, &lease, "lock_timeout").await;
     locker.release(lease).await.unwrap();
     assert_eq!(granted, "4s");
     assert_eq!(
@@ -279,10 +281,7 @@ async fn a_statement_timeout_cuts_neither_the_wait_nor_the_lock_but_binds_the_ho
         .try_acquire(&key, Duration::from_secs(30))
         .await
         .unwrap();
-    let shown: String = sqlx::query_scalar("SHOW statement_timeout")
-        .fetch_one(&mut short.transaction(&lease).await.unwrap())
-        .await
-        .unwrap();
+    let shown = shown(&short, &lease, "statement_timeout").await;
     waiter.release(lease).await.unwrap();
     assert_eq!(
         shown, "100ms",

@@ -27,7 +27,7 @@ use crate::target::Target;
 #[command(name = "lockctl", version, after_help = exit::HELP)]
 struct Cli {
     /// Backend URL, e.g. redis://127.0.0.1:6379 or etcd://h1:2379,h2:2379,h3:2379.
-    #[arg(long, global = true, value_name = "URL", conflicts_with = "profile")]
+    #[arg(long, global = true, value_name = "URL")]
     url: Option<String>,
     /// Profile of the config file to use (its URL, TTL, wait, key prefix and requirements).
     #[arg(long, global = true, value_name = "NAME")]
@@ -192,8 +192,9 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
-    // clap misses the conflict when one of these global flags comes before
-    // the subcommand and the other after it.
+    // Checked here rather than by clap's `conflicts_with`, which misses the
+    // conflict when one global flag comes before the subcommand and the
+    // other after it.
     if cli.url.is_some() && cli.profile.is_some() {
         eprintln!(
             "lockctl: the argument '--url <URL>' cannot be used with '--profile <NAME>': a profile brings its own URL and requirements"

@@ -33,7 +33,8 @@ pub struct RunOptions {
     pub ttl: Duration,
     /// How long to wait for the lock.
     pub wait: Duration,
-    /// Between SIGTERM and SIGKILL when the group must go.
+    /// Between SIGTERM and SIGKILL when the group must go; at most an hour
+    /// (the command line caps it), so adding it to an `Instant` cannot overflow.
     pub grace: Duration,
     /// The command and its arguments.
     pub command: Vec<OsString>,
@@ -152,7 +153,7 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             _ = int.recv() => forward(pgid, Signal::SIGINT),
             _ = term.recv() => {
                 forward(pgid, Signal::SIGTERM);
-                kill_at.get_or_insert_with(|| after(opts.grace));
+                kill_at.get_or_insert_with(|| Instant::now() + opts.grace);
             }
             _ = hup.recv() => forward(pgid, Signal::SIGHUP),
             _ = quit.recv() => forward(pgid, Signal::SIGQUIT),
@@ -202,13 +203,6 @@ fn forward(pgid: Pid, sig: Signal) {
     let _ = killpg(pgid, Signal::SIGCONT);
 }
 
-/// `grace` from now, or far off if that does not fit in an `Instant`.
-fn after(grace: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(grace)
-        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
-}
-
 /// Terminates every process of the group: SIGTERM, then SIGKILL once
 /// `grace` has passed; returns when the group is empty (or a last bounded
 /// wait after SIGKILL has passed).
@@ -219,7 +213,7 @@ async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, grace: Durat
     }
     let _ = killpg(pgid, Signal::SIGTERM);
     let _ = killpg(pgid, Signal::SIGCONT);
-    let until = after(grace);
+    let until = Instant::now() + grace;
     if let Some(child) = leader.as_deref_mut()
         && timeout_at(until, child.wait()).await.is_ok()
     {
