@@ -35,6 +35,7 @@ macro_rules! conformance_suite {
             with_lock_runs_the_work_and_releases,
             invalid_input_is_refused_and_leaves_nothing_held,
             capabilities_are_consistent,
+            operator_view_and_force_release_keep_their_promises,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {

@@ -8,6 +8,7 @@ mod fencing;
 mod guard;
 mod input;
 mod lifecycle;
+mod operator;
 mod waiting;
 
 pub use exclusion::mutual_exclusion;
@@ -24,6 +25,7 @@ pub use lifecycle::{
     release_of_a_lost_lease_is_reported_and_harmless, release_then_reacquire,
     try_acquire_on_held_key_is_contended,
 };
+pub use operator::operator_view_and_force_release_keep_their_promises;
 pub use waiting::{
     acquire_succeeds_soon_after_release, acquire_times_out_cleanly,
     cancelled_acquire_leaves_no_grant_beyond_its_ttl,
