@@ -97,11 +97,10 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// batch finds its counter at the clock reading, so its second token is
 /// above the first.
 pub const BATCH_LUA: &str = r#"
--- Written flat, with one small function and no pcall: a script's local
--- functions are made anew at every call, and those and a pcall per
--- operation cost the server a sixth of a one-operation call. redis.pcall
--- answers an error as a table instead of raising it, so a failing
--- operation still leaves the others alone.
+-- Three small functions and one pcall per operation: a script's local
+-- functions are made anew at every call, so the paths taken by every call
+-- are written inline. An operation that fails (a key of the wrong type, a
+-- write the server refuses) answers its error and spoils no other.
 local rule = ARGV[1]
 local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
@@ -117,121 +116,105 @@ local function read_clock()
 end
 -- The shared counter: the last token handed out, once it was read.
 local last
+
+-- A grant's token.
+local function next_token(counter, ttl)
+  if shared then
+    -- Read (and moved up to the clock) at the batch's first grant, written
+    -- at its end. A refused acquire leaves it alone.
+    if not last then
+      read_clock()
+      local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
+      last = (old and old >= now) and old or now - 1
+    end
+    last = last + 1
+    return last
+  end
+  -- A counter per lock, kept while it tracks the clock, plus the TTL and
+  -- a second.
+  if counter_first then
+    local token = redis.call('INCR', counter)
+    -- 1: there was no counter; seed it from the clock below.
+    if token ~= 1 then return token end
+  end
+  read_clock()
+  local keep = ttl + 1000
+  local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
+  if old and old >= now then
+    -- The counter is ahead of the clock (a write-back, or a grant in the
+    -- same microsecond): stay above it, and keep it until the clock has
+    -- passed it.
+    local token = old + 1
+    redis.call('SET', counter, string.format('%.0f', token), 'PX',
+      keep + math.floor((token - now) / 1000))
+    return token
+  end
+  return now
+end
+
+-- One operation: `op` is its first argument, at ARGV[a]; its lock is
+-- KEYS[k]. A grant's value is the owner token, followed by '+' once
+-- someone is known to wait for the lock; only then is its release
+-- published.
+local function run(op, a, k)
+  local lock = KEYS[k]
+  if op == 'R' then
+    local owner = ARGV[a + 1]
+    local value = redis.call('GET', lock)
+    if value == owner then
+      redis.call('DEL', lock)
+      return 1
+    end
+    if value and value == owner .. '+' then
+      redis.call('DEL', lock)
+      redis.call('PUBLISH', lock .. ':released', ARGV[a + 2])
+      return 1
+    end
+    return 0
+  end
+  local ttl, value = op, ARGV[a + 1]
+  if op == 'W' then ttl, value = ARGV[a + 1], ARGV[a + 2] .. '+' end
+  local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
+  if holder then
+    -- Whether the holder is the owner asking again (its earlier acquire
+    -- ran, but the caller saw an error and tried again).
+    local owner = value
+    if string.byte(value, -1) == 43 then owner = string.sub(value, 1, -2) end
+    if holder ~= owner and holder ~= owner .. '+' then
+      -- Refused: the holder's grant learns that someone waits; the answer
+      -- is the remaining TTL.
+      if string.byte(holder, -1) ~= 43 then
+        redis.call('SET', lock, holder .. '+', 'XX', 'KEEPTTL')
+      end
+      return -1 - redis.call('PTTL', lock)
+    end
+    -- Granted anew, for the TTL asked now, keeping its mark; a fresh token
+    -- follows, above the one nobody was handed.
+    if string.byte(holder, -1) == 43 then value = owner .. '+' end
+    redis.call('SET', lock, value, 'XX', 'PX', ttl)
+  end
+  local ok, token = pcall(next_token, KEYS[k + 1], ttl)
+  if not ok then
+    -- No token, no grant.
+    redis.call('DEL', lock)
+    error(token)
+  end
+  return token
+end
+
 local out, n, k, a = {}, 0, 1, 2
 if shared then k = 2 end
 local argc = #ARGV
 while a <= argc do
-  local op, answer = ARGV[a]
+  local op = ARGV[a]
+  local ok, answer = pcall(run, op, a, k)
+  if not ok then
+    answer = type(answer) == 'table' and answer.err or tostring(answer)
+  end
   if op == 'R' then
-    -- Release. A grant's value is the owner token, followed by '+' once
-    -- someone is known to wait for the lock; only then is it published.
-    local lock, owner = KEYS[k], ARGV[a + 1]
-    local value = redis.pcall('GET', lock)
-    if value == owner then
-      redis.call('DEL', lock)
-      answer = 1
-    elseif type(value) == 'table' then
-      answer = value.err
-    elseif value and value == owner .. '+' then
-      redis.call('DEL', lock)
-      redis.call('PUBLISH', lock .. ':released', ARGV[a + 2])
-      answer = 1
-    else
-      answer = 0
-    end
     k, a = k + 1, a + 3
   else
-    -- Acquire.
-    local ttl, value = op, ARGV[a + 1]
-    if op == 'W' then
-      ttl, value, a = ARGV[a + 1], ARGV[a + 2] .. '+', a + 1
-    end
-    local lock, counter = KEYS[k], KEYS[k + 1]
-    local holder = redis.pcall('SET', lock, value, 'NX', 'PX', ttl, 'GET')
-    if holder then
-      if type(holder) == 'table' then
-        answer = holder.err
-      else
-        -- Whether the holder is the owner asking again (its earlier acquire
-        -- ran, but the caller saw an error and tried again).
-        local owner = value
-        if string.byte(value, -1) == 43 then owner = string.sub(value, 1, -2) end
-        if holder == owner or holder == owner .. '+' then
-          -- Granted anew, for the TTL asked now, keeping its mark; a fresh
-          -- token follows, above the one nobody was handed.
-          if string.byte(holder, -1) == 43 then value = owner .. '+' end
-          redis.call('SET', lock, value, 'XX', 'PX', ttl)
-          holder = false
-        else
-          -- Refused: the holder's grant learns that someone waits; the
-          -- answer is the remaining TTL.
-          if string.byte(holder, -1) ~= 43 then
-            redis.call('SET', lock, holder .. '+', 'XX', 'KEEPTTL')
-          end
-          answer = -1 - redis.call('PTTL', lock)
-        end
-      end
-    end
-    if not holder then
-      -- Granted: the token.
-      local token, failed
-      if shared then
-        -- Read (and moved up to the clock) at the batch's first grant,
-        -- written at its end. A refused acquire leaves it alone.
-        if not last then
-          read_clock()
-          local old = redis.pcall('SET', KEYS[1], now_text, 'GET')
-          if type(old) == 'table' then
-            failed = old.err
-          else
-            old = tonumber(old)
-            last = (old and old >= now) and old or now - 1
-          end
-        end
-        if last then
-          last = last + 1
-          token = last
-        end
-      else
-        -- A counter per lock, kept while it tracks the clock, plus the TTL
-        -- and a second.
-        if counter_first then
-          token = redis.pcall('INCR', counter)
-          if type(token) == 'table' then
-            failed = token.err
-          elseif token == 1 then
-            -- There was no counter: seed it from the clock below.
-            token = nil
-          end
-        end
-        if not token and not failed then
-          read_clock()
-          local keep = ttl + 1000
-          local old = redis.pcall('SET', counter, now_text, 'PX', keep, 'GET')
-          if type(old) == 'table' then
-            failed = old.err
-          else
-            old = tonumber(old)
-            token = now
-            if old and old >= now then
-              -- The counter is ahead of the clock (a write-back, or a grant in
-              -- the same microsecond): stay above it, and keep it until the
-              -- clock has passed it.
-              token = old + 1
-              redis.call('SET', counter, string.format('%.0f', token), 'PX',
-                keep + math.floor((token - now) / 1000))
-            end
-          end
-        end
-      end
-      if failed then
-        -- No token, no grant.
-        redis.call('DEL', lock)
-        answer = failed
-      else
-        answer = token
-      end
-    end
+    if op == 'W' then a = a + 1 end
     if shared then k = k + 1 else k = k + 2 end
     a = a + 2
   end

@@ -155,13 +155,31 @@ async fn answers_handed_out_in_rounds_let_the_first_callers_ask_again_first() {
 /// spoils nothing for the operations sharing its call.
 #[tokio::test(flavor = "current_thread")]
 async fn a_broken_counter_fails_its_own_acquire_only() {
+    let wrong_type = |counter: &str| vec!["RPUSH".to_owned(), counter.to_owned(), "x".to_owned()];
+    a_broken_counter_spoils_nothing_else(TokenRule::CounterFirst, wrong_type, "WRONGTYPE").await;
+}
+
+/// A counter so far ahead that its expiry cannot be set (its token step
+/// fails after the grant was written) also fails its own acquire only, and
+/// the grant is taken back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_counter_beyond_any_expiry_fails_its_own_acquire_only() {
+    let far_ahead = |counter: &str| vec!["SET".to_owned(), counter.to_owned(), "1e30".to_owned()];
+    a_broken_counter_spoils_nothing_else(TokenRule::ClockFloor, far_ahead, "out of range").await;
+}
+
+async fn a_broken_counter_spoils_nothing_else(
+    rule: TokenRule,
+    break_counter: impl Fn(&str) -> Vec<String>,
+    error: &str,
+) {
     let server = RedisServer::start().expect("start redis");
-    let batcher = batcher_on(&server, TokenRule::CounterFirst, Handout::AllAtOnce).await;
+    let batcher = batcher_on(&server, rule, Handout::AllAtOnce).await;
     let layout = KeyLayout::default();
     let broken = Claim::new(layout.keys("broken"), &OwnerToken::random());
-    server
-        .cli(&["RPUSH", &broken.keys().counter, "not a counter"])
-        .expect("RPUSH");
+    let command = break_counter(&broken.keys().counter);
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    server.cli(&command).expect("break the counter");
     // Loads the script, so that the operations below share one call.
     batcher
         .release(broken.clone(), 0)
@@ -180,7 +198,7 @@ async fn a_broken_counter_fails_its_own_acquire_only() {
         .await
         .unwrap()
         .expect_err("granted on a broken counter");
-    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    assert!(err.to_string().contains(error), "{err}");
     for acquire in fine {
         assert!(
             matches!(
