@@ -193,7 +193,9 @@ local function run(op, a, k)
     if string.byte(holder, -1) == 43 then value = owner .. '+' end
     redis.call('SET', lock, value, 'XX', 'PX', ttl)
   end
-  local ok, token = pcall(next_token, KEYS[k + 1], ttl)
+  -- The lock's own counter follows it, unless the counter is shared.
+  local counter = not shared and KEYS[k + 1] or nil
+  local ok, token = pcall(next_token, counter, ttl)
   if not ok then
     -- No token, no grant.
     redis.call('DEL', lock)

@@ -155,8 +155,8 @@ async fn answers_handed_out_in_rounds_let_the_first_callers_ask_again_first() {
 /// spoils nothing for the operations sharing its call.
 #[tokio::test(flavor = "current_thread")]
 async fn a_broken_counter_fails_its_own_acquire_only() {
-    let wrong_type = |counter: &str| vec!["RPUSH".to_owned(), counter.to_owned(), "x".to_owned()];
-    a_broken_counter_spoils_nothing_else(TokenRule::CounterFirst, wrong_type, "WRONGTYPE").await;
+    a_broken_counter_spoils_nothing_else(TokenRule::CounterFirst, ["RPUSH", "x"], "WRONGTYPE")
+        .await;
 }
 
 /// A counter so far ahead that its expiry cannot be set (its token step
@@ -164,22 +164,23 @@ async fn a_broken_counter_fails_its_own_acquire_only() {
 /// the grant is taken back.
 #[tokio::test(flavor = "current_thread")]
 async fn a_counter_beyond_any_expiry_fails_its_own_acquire_only() {
-    let far_ahead = |counter: &str| vec!["SET".to_owned(), counter.to_owned(), "1e30".to_owned()];
-    a_broken_counter_spoils_nothing_else(TokenRule::ClockFloor, far_ahead, "out of range").await;
+    a_broken_counter_spoils_nothing_else(TokenRule::ClockFloor, ["SET", "1e30"], "out of range")
+        .await;
 }
 
 async fn a_broken_counter_spoils_nothing_else(
     rule: TokenRule,
-    break_counter: impl Fn(&str) -> Vec<String>,
+    // A command and the value it writes to the lock's counter.
+    [command, value]: [&str; 2],
     error: &str,
 ) {
     let server = RedisServer::start().expect("start redis");
     let batcher = batcher_on(&server, rule, Handout::AllAtOnce).await;
     let layout = KeyLayout::default();
     let broken = Claim::new(layout.keys("broken"), &OwnerToken::random());
-    let command = break_counter(&broken.keys().counter);
-    let command: Vec<&str> = command.iter().map(String::as_str).collect();
-    server.cli(&command).expect("break the counter");
+    server
+        .cli(&[command, &broken.keys().counter, value])
+        .expect("break the counter");
     // Loads the script, so that the operations below share one call.
     batcher
         .release(broken.clone(), 0)
