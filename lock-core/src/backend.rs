@@ -27,7 +27,9 @@ pub type DynBackend = dyn LockBackend;
 /// renewal, guards, tracing) lives once in [`Locker`](crate::Locker).
 /// Implementations receive validated keys and TTLs, and freshly generated
 /// owner tokens. They must be cancellation-safe in the contract's sense: a
-/// dropped future may leave a grant behind, but never for longer than its TTL.
+/// dropped future may leave a grant behind, but never for longer than its
+/// TTL, and gives it back at once where the server can be reached (the
+/// conformance suite checks this for every bundled backend).
 #[async_trait]
 pub trait LockBackend: Send + Sync + Debug + 'static {
     /// What this backend promises. Must not change over its lifetime.

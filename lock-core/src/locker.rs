@@ -124,7 +124,8 @@ impl Locker {
 
     /// Takes `key` for `ttl`, waiting up to `wait` for the holder to let go.
     /// Gives up with [`Error::TimedOut`]. Dropping the future cancels the
-    /// wait; a grant won just before that lapses after its TTL at the latest.
+    /// wait; a grant won just before that is given back at once, or lapses
+    /// after its TTL should the server be out of reach.
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Lease> {
         let span = self.span("acquire", key);
         async {

@@ -14,7 +14,9 @@ use lock_core::{
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, Handout, LockKeys, RedisSettings, TokenRule, map_error};
+use lock_redis_wire::{
+    Batcher, Claim, GiveBack, Handout, LockKeys, RedisSettings, TokenRule, map_error,
+};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
@@ -249,17 +251,48 @@ impl RedisBackend {
         // rounds of its wait): the grant's release is to publish, so that
         // whoever still waits is woken.
         let others_wait = self.inner.wakeups.is_waited_for(&keys.channel);
+        // Until its answer is back, the acquire is given back if dropped
+        // or failed: the grant it may have left would block the key for
+        // its whole TTL (see [`GiveBack`]).
         match &self.inner.batcher {
             Some(batcher) => {
-                batcher
-                    .acquire(Claim::new(keys, owner), ttl, others_wait)
-                    .await
+                let claim = Claim::new(keys, owner);
+                let give_back = GiveBack::armed(|| drop(batcher.release(claim.clone(), 0)));
+                let reply = batcher.acquire(claim.clone(), ttl, others_wait).await;
+                if reply.is_ok() {
+                    give_back.disarm();
+                }
+                reply
             }
             None => {
+                let give_back = GiveBack::armed(|| self.give_back_on_cluster(&keys, owner));
                 let conn = &mut self.inner.conn.clone();
-                scripts::acquire(conn, &keys, owner, ttl, others_wait).await
+                let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
+                if reply.is_ok() {
+                    give_back.disarm();
+                }
+                reply
             }
         }
+    }
+
+    /// Releases, in a task of its own, what an acquire on the cluster may
+    /// hold. Without the batcher's ordering, it goes out after the acquire
+    /// on the cluster's connection to the key's node, which keeps the
+    /// order it was given; a retry of the acquire after a lost connection
+    /// may still land later, and then its TTL bounds it.
+    fn give_back_on_cluster(&self, keys: &LockKeys, owner: &OwnerToken) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut conn, keys, owner) = (self.inner.conn.clone(), keys.clone(), owner.clone());
+        let (backend, endpoint) = (self.inner.capabilities.backend, self.inner.endpoint.clone());
+        runtime.spawn(async move {
+            if let Err(e) = scripts::release(&mut conn, &keys, &owner, 0).await {
+                let error = map_error(backend, &endpoint, e);
+                tracing::debug!(%error, "could not give back an unanswered acquire; its TTL bounds it");
+            }
+        });
     }
 
     async fn send_release(&self, keys: LockKeys, lease: &Lease) -> redis::RedisResult<bool> {

@@ -15,7 +15,7 @@ use lock_core::{
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, Handout, KeyLayout, RedisSettings, TokenRule};
+use lock_redis_wire::{Batcher, Claim, GiveBack, Handout, KeyLayout, RedisSettings, TokenRule};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
@@ -311,6 +311,16 @@ impl LockBackend for RedlockBackend {
         // rounds of its wait): the grant's release is to publish, so that
         // whoever still waits is woken.
         let others_wait = self.inner.wakeups.is_waited_for(&keys.channel);
+        // Dropped before it returns, the attempt gives back whatever the
+        // nodes granted it, behind its acquires on each node's batcher:
+        // those grants would block the key for their whole TTL (see
+        // [`GiveBack`]). Every way out below either returns the grant or
+        // releases it itself.
+        let give_back = GiveBack::armed(|| {
+            for node in self.inner.nodes.nodes() {
+                drop(node.batcher.release(claim.clone(), 0));
+            }
+        });
         let answers = self
             .inner
             .nodes
@@ -329,9 +339,13 @@ impl LockBackend for RedlockBackend {
         // Any node that did not refuse may hold our grant, even one that
         // seemed to fail (its reply may be what got lost).
         let ours = |i: usize| !matches!(tally.replies()[i], Reply::Refused { .. });
+        // From here the attempt releases what it does not return itself; its
+        // releases are queued when first polled, in the same poll as the
+        // give-back is disarmed.
         if tally.has_quorum() {
             let elapsed = sent.elapsed();
             if validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)).is_none() {
+                give_back.disarm();
                 self.release_on(claim, 0, ours).await;
                 return Err(Error::Unavailable {
                     backend: BACKEND,
@@ -342,7 +356,9 @@ impl LockBackend for RedlockBackend {
                     source: None,
                 });
             }
-            return match self.fence(keys, &tally, ttl).await {
+            let fenced = self.fence(keys, &tally, ttl).await;
+            give_back.disarm();
+            return match fenced {
                 Ok(token) => Ok(Grant::new(token).sent_at(sent)),
                 Err(e) => {
                     self.release_on(claim, 0, ours).await;
@@ -350,6 +366,7 @@ impl LockBackend for RedlockBackend {
                 }
             };
         }
+        give_back.disarm();
         if (0..tally.nodes()).any(ours) {
             self.release_on(claim, 0, ours).await;
         }

@@ -28,7 +28,7 @@ pub use lifecycle::{
 pub use operator::operator_view_and_force_release_keep_their_promises;
 pub use waiting::{
     acquire_succeeds_soon_after_release, acquire_times_out_cleanly,
-    cancelled_acquire_leaves_no_grant_beyond_its_ttl,
+    cancelled_acquire_leaves_no_grant_beyond_its_ttl, dropped_attempt_gives_its_grant_back_at_once,
 };
 
 use std::future::Future;

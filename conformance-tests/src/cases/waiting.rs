@@ -119,3 +119,42 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
     }
     fx.locker.release(holder).await.expect("release");
 }
+
+/// An attempt dropped while it is on its way (a `select!` or a time-out
+/// around it) gives back at once whatever it was granted: another client
+/// finds the key free long before the grant's TTL. The attempts are dropped
+/// at moments spread over a few round trips, so that some are dropped
+/// before they are sent, some while the server runs them, and some as their
+/// answer arrives.
+pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
+    // Far longer than the case waits for the key: a grant left behind fails it.
+    let ttl = fx.short_ttl(Duration::from_secs(3600));
+    for round in 0..40u64 {
+        let key = fx.key(&format!("dropped-{round}"));
+        let attempt = {
+            let (locker, key) = (fx.locker.clone(), key.clone());
+            tokio::spawn(async move { locker.try_acquire(&key, ttl).await })
+        };
+        // 0 to 1.95 ms: a busy wait, since a timer's granularity is 1 ms.
+        let drop_at = Instant::now() + Duration::from_micros(round * 50);
+        while Instant::now() < drop_at {
+            tokio::task::yield_now().await;
+        }
+        attempt.abort();
+        match attempt.await {
+            // It finished first: its lease is the caller's to release.
+            Ok(Ok(lease)) => fx.locker.release(lease).await.expect("release"),
+            Ok(Err(e)) => panic!("round {round}: the attempt failed: {e}"),
+            Err(dropped) => assert!(dropped.is_cancelled(), "round {round}: {dropped}"),
+        }
+        let dropped_at = format!("dropped at {} µs", round * 50);
+        let lease = within(
+            SLACK,
+            &format!("the key is free long before the TTL of an attempt {dropped_at}"),
+            fx.other.acquire(&key, LONG_TTL, SLACK),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("an attempt {dropped_at}: {e}"));
+        fx.other.release(lease).await.expect("release");
+    }
+}

@@ -1,0 +1,64 @@
+//! Giving back a grant that no caller will hold.
+//!
+//! An acquire's caller may stop waiting at any moment (a `select!` or a
+//! time-out around it, an aborted task), and an acquire may fail without
+//! knowing what the server did (a reply lost or late). The server may then
+//! hold a grant that no lease stands for, and the lock would stay taken
+//! until that grant's TTL ran out: with a watchdog's TTL tens of seconds,
+//! with a long TTL much longer. A [`GiveBack`] armed around the acquire
+//! releases it instead, at once.
+//!
+//! Its release is queued behind the acquire on the same
+//! [`Batcher`](crate::Batcher), which sends an operation only after the
+//! answer to an earlier one of the same claim, so it runs after the
+//! acquire, whatever became of that. It names the attempt's owner token,
+//! fresh for each acquire, so it deletes that grant or nothing. Where the
+//! release cannot be sent (the server unreachable, no runtime left), the
+//! grant's TTL still bounds it.
+
+/// Runs its give-back when dropped, unless [`disarm`](Self::disarm)ed
+/// first: the acquire's outcome reached its caller.
+#[must_use = "a give-back dropped at once gives back before the acquire is answered"]
+pub struct GiveBack<F: FnOnce()> {
+    give_back: Option<F>,
+}
+
+impl<F: FnOnce()> GiveBack<F> {
+    /// Armed: `give_back` queues the release of what the acquire may hold.
+    /// It must not block; it runs in `drop`.
+    pub fn armed(give_back: F) -> Self {
+        GiveBack {
+            give_back: Some(give_back),
+        }
+    }
+
+    /// The acquire's answer is in its caller's hands: a grant is the
+    /// caller's to release, a refusal left nothing.
+    pub fn disarm(mut self) {
+        self.give_back = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for GiveBack<F> {
+    fn drop(&mut self) {
+        if let Some(give_back) = self.give_back.take() {
+            give_back();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[test]
+    fn gives_back_when_dropped_armed_and_not_once_disarmed() {
+        let given = Cell::new(0);
+        drop(GiveBack::armed(|| given.set(given.get() + 1)));
+        assert_eq!(given.get(), 1);
+        GiveBack::armed(|| given.set(given.get() + 1)).disarm();
+        assert_eq!(given.get(), 1);
+    }
+}
