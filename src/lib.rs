@@ -49,6 +49,52 @@ pub fn available_schemes() -> Vec<&'static str> {
 /// An unknown scheme, or one whose cargo feature is off in this build, is
 /// refused with an error that lists the schemes available.
 pub async fn connect(url: &str) -> Result<Locker> {
+    Ok(match backend_of(url)? {
+        Backend::Memory => Locker::new(MemoryBackend::new()),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Locker::new(lock_redis::RedisBackend::connect(url).await?),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => Locker::new(lock_etcd::EtcdBackend::connect(url).await?),
+        #[cfg(feature = "redlock")]
+        Backend::Redlock => Locker::new(lock_redlock::RedlockBackend::connect(url).await?),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Locker::new(lock_postgres::PostgresBackend::connect(url).await?),
+    })
+}
+
+/// Checks a URL as [`connect`] reads it, without connecting: an unknown
+/// scheme, a malformed URL or an unknown option is refused with the error
+/// `connect` would give. What only the server can tell (whether it is
+/// there, whether it takes the credentials) is left to `connect`.
+pub fn check_url(url: &str) -> Result<()> {
+    match backend_of(url)? {
+        Backend::Memory => Ok(()),
+        #[cfg(feature = "redis")]
+        Backend::Redis => lock_redis::RedisBackend::check_url(url),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => lock_etcd::EtcdBackend::check_url(url),
+        #[cfg(feature = "redlock")]
+        Backend::Redlock => lock_redlock::RedlockBackend::check_url(url),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => lock_postgres::PostgresBackend::check_url(url),
+    }
+}
+
+/// The backends of this build, as a URL's scheme names them.
+enum Backend {
+    Memory,
+    #[cfg(feature = "redis")]
+    Redis,
+    #[cfg(feature = "etcd")]
+    Etcd,
+    #[cfg(feature = "redlock")]
+    Redlock,
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+/// The backend the URL's scheme names, if this build has it.
+fn backend_of(url: &str) -> Result<Backend> {
     let redacted = url::redact(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(Error::invalid(
@@ -69,21 +115,15 @@ pub async fn connect(url: &str) -> Result<Locker> {
                 "{redacted}: memory:// takes no host, path or options; each connect makes a new, empty lock space"
             ),
         )),
-        "memory" => Ok(Locker::new(MemoryBackend::new())),
+        "memory" => Ok(Backend::Memory),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
-            Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?))
-        }
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Backend::Redis),
         #[cfg(feature = "etcd")]
-        "etcd" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(url).await?)),
+        "etcd" => Ok(Backend::Etcd),
         #[cfg(feature = "redlock")]
-        "redlock" => Ok(Locker::new(
-            lock_redlock::RedlockBackend::connect(url).await?,
-        )),
+        "redlock" => Ok(Backend::Redlock),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Locker::new(
-            lock_postgres::PostgresBackend::connect(url).await?,
-        )),
+        "postgres" | "postgresql" => Ok(Backend::Postgres),
         other => Err(unavailable_scheme(other, &redacted)),
     }
 }

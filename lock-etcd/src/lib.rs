@@ -148,6 +148,14 @@ impl Entry {
 }
 
 impl EtcdBackend {
+    /// Checks a URL as [`connect`](Self::connect) reads it, without
+    /// connecting: a malformed URL or an unknown option is refused the same.
+    pub fn check_url(url: &str) -> Result<()> {
+        EtcdOptions::default()
+            .from_url(&config::parse(url)?)?
+            .check()
+    }
+
     /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`
     /// URL, with the options in its query (see [`EtcdOptions`]).
     pub async fn connect(url: &str) -> Result<EtcdBackend> {

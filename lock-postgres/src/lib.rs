@@ -85,6 +85,12 @@ struct HeldLock {
 }
 
 impl PostgresBackend {
+    /// Checks a URL as [`connect`](Self::connect) reads it, without
+    /// connecting: a malformed URL or an unknown option is refused the same.
+    pub fn check_url(url: &str) -> Result<()> {
+        PostgresOptions::from_url(url).map(drop)
+    }
+
     /// Connects with the settings of a `postgres://` or `postgresql://` URL
     /// (see [`PostgresOptions::from_url`]) and creates the schema if missing.
     pub async fn connect(url: &str) -> Result<PostgresBackend> {

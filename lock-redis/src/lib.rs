@@ -123,6 +123,12 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
+    /// Checks a URL as [`connect`](Self::connect) reads it, without
+    /// connecting: a malformed URL or an unknown option is refused the same.
+    pub fn check_url(url: &str) -> Result<()> {
+        RedisOptions::from_url(url).map(drop)
+    }
+
     /// Connects as the URL says. Fails with [`Error::Unavailable`] (naming the
     /// endpoint) when no server answers within the connect timeout, and with
     /// [`Error::Auth`] when the server refuses the credentials.

@@ -59,6 +59,12 @@ impl std::fmt::Debug for RedlockBackend {
 }
 
 impl RedlockBackend {
+    /// Checks a URL as [`connect`](Self::connect) reads it, without
+    /// connecting: a malformed URL or an unknown option is refused the same.
+    pub fn check_url(url: &str) -> Result<()> {
+        config::parse(url, RedlockOptions::default()).map(drop)
+    }
+
     /// Connects to the nodes of a `redlock://host1:port1,host2:port2,...` URL
     /// with default options (overridden by the URL's query).
     pub async fn connect(url: &str) -> Result<RedlockBackend> {

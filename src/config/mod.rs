@@ -248,7 +248,7 @@ impl Profile {
             return Err("ttl: must be positive".into());
         }
         let wait = duration("wait", raw.wait, Duration::ZERO)?;
-        check_scheme(&raw.url)?;
+        check_url(&raw.url)?;
         let uses = match raw.uses {
             None => None,
             Some(n) => Some(RequirementSet::from_name(&n).ok_or_else(|| {
@@ -359,21 +359,14 @@ impl Profile {
     }
 }
 
-/// Refuses, without connecting, a URL whose scheme this build cannot serve.
-fn check_scheme(url: &str) -> std::result::Result<(), String> {
-    let redacted = url::redact(url);
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(format!("url: {redacted}: expected scheme://..."));
-    };
-    let scheme = scheme.to_ascii_lowercase();
-    if crate::available_schemes().contains(&scheme.as_str()) {
-        Ok(())
-    } else {
-        Err(format!(
-            "url: {}",
-            crate::unavailable_scheme(&scheme, &redacted)
-        ))
-    }
+/// Refuses, without connecting, a URL that [`crate::connect`] would refuse
+/// before connecting: a scheme this build cannot serve, a malformed URL, an
+/// unknown option.
+fn check_url(url: &str) -> std::result::Result<(), String> {
+    crate::check_url(url).map_err(|e| match e {
+        Error::InvalidInput { field, problem } => format!("{field}: {problem}"),
+        other => other.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -484,6 +477,44 @@ mod tests {
             assert!(
                 err.contains("f.toml") && err.contains(want),
                 "{text:?}: {err}"
+            );
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    /// A URL that `connect` would refuse without connecting is refused when
+    /// the file is read, naming the profile and what is wrong, not at the
+    /// first connect.
+    #[test]
+    #[cfg(all(
+        feature = "redis",
+        feature = "etcd",
+        feature = "redlock",
+        feature = "postgres"
+    ))]
+    fn a_profile_url_is_checked_when_the_file_is_read() {
+        let cases = [
+            ("redis://u:hunter2@h:6379/0?colour=red", "colour"),
+            ("redis://u:hunter2@h:port/0", "port"),
+            (
+                "redis+cluster://h1,h2?response_timeout_ms=0",
+                "response_timeout_ms",
+            ),
+            (
+                "etcd://u:hunter2@h:2379?request_timeout_ms=soon",
+                "request_timeout_ms",
+            ),
+            ("redlock://u:hunter2@h1,h2,h3?colour=red", "colour"),
+            ("postgres://u:hunter2@h/db?colour=red", "colour"),
+        ];
+        for (url, want) in cases {
+            let text = format!("[profiles.orders]\nurl = \"{url}\"");
+            let err = Config::parse(&text, "f.toml").unwrap_err();
+            assert!(err.is_invalid_input(), "{url}: {err}");
+            let err = err.to_string();
+            assert!(
+                err.contains("f.toml") && err.contains("orders") && err.contains(want),
+                "{url}: {err}"
             );
             assert!(!err.contains("hunter2"), "{err}");
         }
