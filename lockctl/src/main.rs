@@ -3,6 +3,7 @@
 #[cfg(feature = "bench")]
 mod bench;
 mod exit;
+mod log;
 mod run;
 mod target;
 
@@ -23,6 +24,10 @@ use crate::target::Target;
 /// The backend comes from --url, or from --profile (a profile of the config
 /// file, whose required guarantees are checked against the backend first),
 /// not both; without either, from the LOCK_URL environment variable.
+///
+/// The library's warnings (a failed renewal being retried, a Redlock node
+/// not answering) go to stderr; LOCKKIT_LOG sets the level: off, error,
+/// warn (the default), info, debug or trace.
 #[derive(Parser)]
 #[command(name = "lockctl", version, after_help = exit::HELP)]
 struct Cli {
@@ -101,7 +106,7 @@ enum Cmd {
     CheckConfig {
         /// The config file.
         file: PathBuf,
-        /// Only parse and check the URLs' schemes; do not connect.
+        /// Only parse the file and check each URL as connecting would read it; do not connect.
         #[arg(long)]
         offline: bool,
     },
@@ -177,6 +182,10 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
+    if let Err(problem) = log::init() {
+        eprintln!("lockctl: {problem}");
+        return ExitCode::from(exit::CONFIG);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -442,3 +442,47 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .unwrap()
         .block_on(f)
 }
+
+/// The library's warnings reach the operator on stderr (here: a Redlock
+/// node that does not answer at connect), and `LOCKKIT_LOG` silences them.
+#[test]
+fn the_librarys_warnings_reach_stderr() {
+    if !lockkit::available_schemes().contains(&"redlock") {
+        return;
+    }
+    let Some(url) = conformance_tests::server_url("LOCKKIT_REDLOCK_URL") else {
+        return;
+    };
+    // Two of the nodes, and a port that nothing listens on.
+    let nodes: Vec<&str> = url["redlock://".len()..].split(',').take(2).collect();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("redlock://{},{},127.0.0.1:{closed}", nodes[0], nodes[1]);
+    let run = |level: Option<&str>| {
+        let mut c = lockctl();
+        c.args(["--url", &url, "run", &unique_key("warned"), "--", "true"]);
+        if let Some(level) = level {
+            c.env("LOCKKIT_LOG", level);
+        }
+        let out = c.output().expect("lockctl runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let warned = run(None);
+    assert!(
+        warned.contains("WARN")
+            && warned.contains("unreachable")
+            && warned.contains(&format!("127.0.0.1:{closed}")),
+        "{warned}"
+    );
+    assert_eq!(run(Some("error")), "");
+    let out = lockctl()
+        .args(["--url", "memory://", "list"])
+        .env("LOCKKIT_LOG", "loud")
+        .output()
+        .expect("lockctl runs");
+    assert_fails(&out, code::CONFIG, "LOCKKIT_LOG=`loud`");
+}
