@@ -29,7 +29,8 @@ pub type DynBackend = dyn LockBackend;
 /// owner tokens. They must be cancellation-safe in the contract's sense: a
 /// dropped future may leave a grant behind, but never for longer than its
 /// TTL, and gives it back at once where the server can be reached (the
-/// conformance suite checks this for every bundled backend).
+/// conformance suite drops attempts on their way, on every bundled
+/// backend, and checks that the key is free long before their TTL).
 #[async_trait]
 pub trait LockBackend: Send + Sync + Debug + 'static {
     /// What this backend promises. Must not change over its lifetime.

@@ -151,9 +151,10 @@ impl EtcdBackend {
     /// Checks a URL as [`connect`](Self::connect) reads it, without
     /// connecting: a malformed URL or an unknown option is refused the same.
     pub fn check_url(url: &str) -> Result<()> {
-        EtcdOptions::default()
-            .from_url(&config::parse(url)?)?
-            .check()
+        let options = EtcdOptions::default().from_url(&config::parse(url)?)?;
+        options.check()?;
+        // Reads the TLS files, as connecting does before it dials.
+        with_tls(ConnectOptions::new(), &options).map(drop)
     }
 
     /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`

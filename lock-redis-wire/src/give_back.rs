@@ -1,20 +1,26 @@
 //! Giving back a grant that no caller will hold.
 //!
 //! An acquire's caller may stop waiting at any moment (a `select!` or a
-//! time-out around it, an aborted task), and an acquire may fail without
-//! knowing what the server did (a reply lost or late). The server may then
-//! hold a grant that no lease stands for, and the lock would stay taken
-//! until that grant's TTL ran out: with a watchdog's TTL tens of seconds,
-//! with a long TTL much longer. A [`GiveBack`] armed around the acquire
-//! releases it instead, at once.
+//! time-out around it, an aborted task). The server may then hold a grant
+//! that no lease stands for, and the lock would stay taken until that
+//! grant's TTL ran out: with a watchdog's TTL tens of seconds, with a long
+//! TTL much longer. A [`GiveBack`] armed around the acquire releases it
+//! instead, at once.
+//!
+//! Only a dropped acquire is given back. One that answers with an error
+//! (a reply lost or late) is not: the caller's waiting loop tries again
+//! with the same owner token, and a release queued behind the error could
+//! delete the grant of that next try. A later try by the same owner takes
+//! such a grant over, and otherwise its TTL bounds it.
 //!
 //! Its release is queued behind the acquire on the same
 //! [`Batcher`](crate::Batcher), which sends an operation only after the
 //! answer to an earlier one of the same claim, so it runs after the
 //! acquire, whatever became of that. It names the attempt's owner token,
-//! fresh for each acquire, so it deletes that grant or nothing. Where the
-//! release cannot be sent (the server unreachable, no runtime left), the
-//! grant's TTL still bounds it.
+//! which nothing uses again once the attempt was dropped (an owner token
+//! lives for one call of the `Locker`), so it deletes that grant or
+//! nothing. Where the release cannot be sent (the server unreachable, no
+//! runtime left), the grant's TTL still bounds it.
 
 /// Runs its give-back when dropped, unless [`disarm`](Self::disarm)ed
 /// first: the acquire's outcome reached its caller.
@@ -32,8 +38,9 @@ impl<F: FnOnce()> GiveBack<F> {
         }
     }
 
-    /// The acquire's answer is in its caller's hands: a grant is the
-    /// caller's to release, a refusal left nothing.
+    /// The acquire's answer, whatever it is, is in its caller's hands: a
+    /// grant is the caller's to release; after an error the caller may try
+    /// again with the same owner, which must not find its grant released.
     pub fn disarm(mut self) {
         self.give_back = None;
     }

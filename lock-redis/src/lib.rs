@@ -257,26 +257,24 @@ impl RedisBackend {
         // rounds of its wait): the grant's release is to publish, so that
         // whoever still waits is woken.
         let others_wait = self.inner.wakeups.is_waited_for(&keys.channel);
-        // Until its answer is back, the acquire is given back if dropped
-        // or failed: the grant it may have left would block the key for
-        // its whole TTL (see [`GiveBack`]).
+        // Dropped before its answer is back, the acquire is given back: the
+        // grant it may have left would block the key for its whole TTL (see
+        // [`GiveBack`]). An answer, even an error, disarms it: the waiting
+        // loop may try again with the same owner, and a release queued
+        // behind an error could then delete the grant of that next try.
         match &self.inner.batcher {
             Some(batcher) => {
                 let claim = Claim::new(keys, owner);
                 let give_back = GiveBack::armed(|| drop(batcher.release(claim.clone(), 0)));
                 let reply = batcher.acquire(claim.clone(), ttl, others_wait).await;
-                if reply.is_ok() {
-                    give_back.disarm();
-                }
+                give_back.disarm();
                 reply
             }
             None => {
                 let give_back = GiveBack::armed(|| self.give_back_on_cluster(&keys, owner));
                 let conn = &mut self.inner.conn.clone();
                 let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
-                if reply.is_ok() {
-                    give_back.disarm();
-                }
+                give_back.disarm();
                 reply
             }
         }

@@ -81,7 +81,9 @@ impl Nodes {
     {
         let timeout = self.timeout;
         join_all(self.nodes.iter().enumerate().map(|(i, node)| {
-            // Build every request before awaiting any: all go out together.
+            // Build every request before awaiting any: all go out together,
+            // and a batcher's requests are queued by the time this is first
+            // polled (the give-back of a dropped acquire relies on it).
             let asked = which(i).then(|| request(node));
             async move {
                 let asked = asked?;

@@ -2,13 +2,31 @@
 //! until the deadline, a Redlock node unreachable at connect. Without them
 //! an operator would learn of trouble only when the lock was lost.
 //!
-//! `LOCKKIT_LOG` sets the level: `off`, `error`, `warn` (the default),
-//! `info`, `debug` or `trace`. The library's events carry no owner token or
-//! password, so no level shows one.
+//! `LOCKKIT_LOG` sets the level of lockkit's own events: `off`, `error`,
+//! `warn` (the default), `info`, `debug` or `trace`. They carry no owner
+//! token or password, so no level shows one. The client libraries under
+//! the backends (redis, etcd-client, sqlx) are shown at `error` only
+//! (`off` silences them too): at lower levels they speak of their own
+//! workings (sqlx, for one, warns of any statement slower than a second,
+//! which a PostgreSQL wait for a lock is by design).
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Where lockkit's events come from: the targets that start so (tracing's
+/// targets are module paths, matched by prefix).
+const OURS: &[&str] = &[
+    "lockctl",
+    "lockkit",
+    "lock_core",
+    "lock_redis",
+    "lock_redlock",
+    "lock_etcd",
+    "lock_postgres",
+];
 
 /// The environment variable that sets the level.
 pub const VAR: &str = "LOCKKIT_LOG";
@@ -20,10 +38,18 @@ pub fn init() -> Result<(), String> {
         Err(_) => LevelFilter::WARN,
         Ok(text) => level(&text)?,
     };
-    tracing_subscriber::fmt()
-        .with_max_level(level)
+    let others = level.min(LevelFilter::ERROR);
+    let filter = OURS
+        .iter()
+        .fold(Targets::new().with_default(others), |f, target| {
+            f.with_target(*target, level)
+        });
+    let output = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(std::io::stderr().is_terminal());
+    tracing_subscriber::registry()
+        .with(output)
+        .with(filter)
         .init();
     Ok(())
 }

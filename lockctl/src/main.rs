@@ -330,6 +330,12 @@ async fn check_config(file: &PathBuf, offline: bool) -> ExitCode {
     let mut worst: Option<u8> = None;
     for profile in config.profiles() {
         let url = url::redact(&profile.url);
+        if let Err(e) = config.profile(&profile.name) {
+            eprintln!("lockctl: {e}");
+            // A refused profile outranks an unreachable one.
+            worst = Some(exit::CONFIG);
+            continue;
+        }
         if offline {
             println!(
                 "profile `{}`: parsed ({url}); requirements not checked (--offline)",

@@ -300,6 +300,26 @@ fn a_profile_supplies_url_prefix_and_ttl() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("profile `jobs`: ok"));
 }
 
+/// `check-config --offline` checks each profile's URL as connecting would
+/// read it, and reports the others as parsed.
+#[test]
+fn an_offline_check_refuses_a_profile_url_connect_would_refuse() {
+    if !lockkit::available_schemes().contains(&"redis") {
+        return;
+    }
+    let f = config_file(
+        "[profiles.bad]\nurl = \"redis://u:hunter2@h:6379?colour=red\"\n[profiles.good]\nurl = \"memory://\"\n",
+    );
+    let path = f.path().to_str().unwrap();
+    let out = output(&["check-config", "--offline", path]);
+    let stderr = assert_fails(&out, code::CONFIG, "profile `bad`: url:");
+    assert!(
+        stderr.contains("unknown option `colour`") && !stderr.contains("hunter2"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("profile `good`: parsed"));
+}
+
 #[test]
 fn a_malformed_config_names_the_file_and_line() {
     let f = config_file("[profiles.a]\nurl = \"memory://\"\nttl = 30\n");

@@ -210,9 +210,11 @@ impl Config {
         self.profiles.values()
     }
 
-    /// The profile called `name`; the error lists the profiles there are.
+    /// The profile called `name`, its URL checked as `connect` would read
+    /// it, without connecting ([`Profile::check_url`]). The error lists the
+    /// profiles there are, or names what is wrong with the URL.
     pub fn profile(&self, name: &str) -> Result<&Profile> {
-        self.profiles.get(name).ok_or_else(|| {
+        let profile = self.profiles.get(name).ok_or_else(|| {
             let names: Vec<_> = self.profiles.keys().map(String::as_str).collect();
             Error::invalid(
                 "profile",
@@ -222,7 +224,15 @@ impl Config {
                     names.join(", ")
                 ),
             )
-        })
+        })?;
+        profile.check_url().map_err(|e| match e {
+            Error::InvalidInput { field, problem } => Error::invalid(
+                "config",
+                format!("{}: profile `{name}`: {field}: {problem}", self.origin),
+            ),
+            other => other,
+        })?;
+        Ok(profile)
     }
 }
 
@@ -248,7 +258,7 @@ impl Profile {
             return Err("ttl: must be positive".into());
         }
         let wait = duration("wait", raw.wait, Duration::ZERO)?;
-        check_url(&raw.url)?;
+        check_scheme(&raw.url)?;
         let uses = match raw.uses {
             None => None,
             Some(n) => Some(RequirementSet::from_name(&n).ok_or_else(|| {
@@ -315,6 +325,14 @@ impl Profile {
         format!("{}{key}", self.prefix)
     }
 
+    /// Checks the profile's URL as [`crate::connect`] reads it, without
+    /// connecting: a malformed URL, an unknown option, a bad timeout, and
+    /// for TLS a file that cannot be read are refused (see
+    /// [`crate::check_url`]).
+    pub fn check_url(&self) -> Result<()> {
+        crate::check_url(&self.url)
+    }
+
     /// Guard options with the profile's TTL and wait.
     pub fn guard_options(&self) -> GuardOptions {
         GuardOptions::new(self.ttl).wait(self.wait)
@@ -359,14 +377,24 @@ impl Profile {
     }
 }
 
-/// Refuses, without connecting, a URL that [`crate::connect`] would refuse
-/// before connecting: a scheme this build cannot serve, a malformed URL, an
-/// unknown option.
-fn check_url(url: &str) -> std::result::Result<(), String> {
-    crate::check_url(url).map_err(|e| match e {
-        Error::InvalidInput { field, problem } => format!("{field}: {problem}"),
-        other => other.to_string(),
-    })
+/// Refuses, without connecting or reading anything the URL names, a URL
+/// whose scheme this build cannot serve. The rest of the URL is checked
+/// when its profile is picked ([`Config::profile`], [`Profile::check_url`]):
+/// a TLS file that one host's profile names need not exist on another.
+fn check_scheme(url: &str) -> std::result::Result<(), String> {
+    let redacted = url::redact(url);
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(format!("url: {redacted}: expected scheme://..."));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    if crate::available_schemes().contains(&scheme.as_str()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "url: {}",
+            crate::unavailable_scheme(&scheme, &redacted)
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -483,8 +511,8 @@ mod tests {
     }
 
     /// A URL that `connect` would refuse without connecting is refused when
-    /// the file is read, naming the profile and what is wrong, not at the
-    /// first connect.
+    /// its profile is picked, naming the file, the profile and what is
+    /// wrong, not at the first connect.
     #[test]
     #[cfg(all(
         feature = "redis",
@@ -492,7 +520,7 @@ mod tests {
         feature = "redlock",
         feature = "postgres"
     ))]
-    fn a_profile_url_is_checked_when_the_file_is_read() {
+    fn a_profile_url_is_checked_when_the_profile_is_picked() {
         let cases = [
             ("redis://u:hunter2@h:6379/0?colour=red", "colour"),
             ("redis://u:hunter2@h:port/0", "port"),
@@ -509,7 +537,8 @@ mod tests {
         ];
         for (url, want) in cases {
             let text = format!("[profiles.orders]\nurl = \"{url}\"");
-            let err = Config::parse(&text, "f.toml").unwrap_err();
+            let config = Config::parse(&text, "f.toml").expect("the scheme is known");
+            let err = config.profile("orders").unwrap_err();
             assert!(err.is_invalid_input(), "{url}: {err}");
             let err = err.to_string();
             assert!(

@@ -124,8 +124,8 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
 /// around it) gives back at once whatever it was granted: another client
 /// finds the key free long before the grant's TTL. The attempts are dropped
 /// at moments spread over a few round trips, so that some are dropped
-/// before they are sent, some while the server runs them, and some as their
-/// answer arrives.
+/// before they are sent (round 0: before the task first runs), some while
+/// the server runs them, and some as their answer arrives.
 pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
     // Far longer than the case waits for the key: a grant left behind fails it.
     let ttl = fx.short_ttl(Duration::from_secs(3600));
@@ -144,6 +144,9 @@ pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
         match attempt.await {
             // It finished first: its lease is the caller's to release.
             Ok(Ok(lease)) => fx.locker.release(lease).await.expect("release"),
+            // A slow server (a Redlock node past its timeout): whatever
+            // that attempt left must be gone too.
+            Ok(Err(Error::Unavailable { .. })) => {}
             Ok(Err(e)) => panic!("round {round}: the attempt failed: {e}"),
             Err(dropped) => assert!(dropped.is_cancelled(), "round {round}: {dropped}"),
         }
