@@ -281,10 +281,11 @@ impl RedisBackend {
     }
 
     /// Releases, in a task of its own, what an acquire on the cluster may
-    /// hold. Without the batcher's ordering, it goes out after the acquire
-    /// on the cluster's connection to the key's node, which keeps the
-    /// order it was given; a retry of the acquire after a lost connection
-    /// may still land later, and then its TTL bounds it.
+    /// hold. There is no batcher to keep the order: the release is handed
+    /// to the cluster client after the acquire was, and the client sends
+    /// both to the key's node in that order unless it retries the acquire
+    /// (after a lost connection or a redirect); a retried acquire may land
+    /// after the release, and then its TTL bounds the grant.
     fn give_back_on_cluster(&self, keys: &LockKeys, owner: &OwnerToken) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
