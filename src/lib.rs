@@ -81,7 +81,7 @@ pub fn check_url(url: &str) -> Result<()> {
 }
 
 /// The backends of this build, as a URL's scheme names them.
-enum Backend {
+pub(crate) enum Backend {
     Memory,
     #[cfg(feature = "redis")]
     Redis,
@@ -94,7 +94,7 @@ enum Backend {
 }
 
 /// The backend the URL's scheme names, if this build has it.
-fn backend_of(url: &str) -> Result<Backend> {
+pub(crate) fn backend_of(url: &str) -> Result<Backend> {
     let redacted = url::redact(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(Error::invalid(

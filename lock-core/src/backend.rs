@@ -30,7 +30,8 @@ pub type DynBackend = dyn LockBackend;
 /// dropped future may leave a grant behind, but never for longer than its
 /// TTL, and gives it back at once where the server can be reached (the
 /// conformance suite drops attempts on their way, on every bundled
-/// backend, and checks that the key is free long before their TTL).
+/// backend, and checks that the key is free long before their TTL);
+/// [`GiveBack`](crate::GiveBack) is the guard for that.
 #[async_trait]
 pub trait LockBackend: Send + Sync + Debug + 'static {
     /// What this backend promises. Must not change over its lifetime.

@@ -5,6 +5,7 @@ mod capabilities;
 mod deadline;
 mod error;
 mod fencing;
+mod give_back;
 mod guard;
 mod key;
 mod lease;
@@ -23,6 +24,7 @@ pub use capabilities::{
 pub use deadline::DriftMargin;
 pub use error::{BoxError, Error, LostReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
+pub use give_back::GiveBack;
 pub use guard::{GuardOptions, LockGuard};
 pub use key::LockKey;
 pub use lease::{Grant, Lease, LeaseState};

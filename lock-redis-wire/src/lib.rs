@@ -3,13 +3,11 @@
 pub mod batch;
 pub mod config;
 pub mod errors;
-pub mod give_back;
 pub mod keys;
 pub mod scripts;
 
 pub use batch::{Batcher, Claim, Handout};
 pub use config::{RedisSettings, Timeouts};
 pub use errors::map_error;
-pub use give_back::GiveBack;
 pub use keys::{KeyLayout, LockKeys};
 pub use scripts::{AcquireReply, Scripts, TokenRule};

@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use lock_core::url::ServerUrl;
 use lock_core::{
-    Assumption, Capabilities, Error, FencingGuarantee, Grant, HeldLock, Lease, Limits, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture, async_trait,
+    Assumption, Capabilities, Error, FencingGuarantee, GiveBack, Grant, HeldLock, Lease, Limits,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
+    async_trait,
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{
-    Batcher, Claim, GiveBack, Handout, LockKeys, RedisSettings, TokenRule, map_error,
-};
+use lock_redis_wire::{Batcher, Claim, Handout, LockKeys, RedisSettings, TokenRule, map_error};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
@@ -257,11 +256,11 @@ impl RedisBackend {
         // rounds of its wait): the grant's release is to publish, so that
         // whoever still waits is woken.
         let others_wait = self.inner.wakeups.is_waited_for(&keys.channel);
-        // Dropped before its answer is back, the acquire is given back: the
-        // grant it may have left would block the key for its whole TTL (see
-        // [`GiveBack`]). An answer, even an error, disarms it: the waiting
-        // loop may try again with the same owner, and a release queued
-        // behind an error could then delete the grant of that next try.
+        // Dropped before its answer is back, the acquire is given back (see
+        // [`GiveBack`]). On one server the release is queued on the same
+        // batcher, which sends a claim's operation only after the answer to
+        // its earlier one, so it runs after the acquire, whatever became of
+        // that.
         match &self.inner.batcher {
             Some(batcher) => {
                 let claim = Claim::new(keys, owner);

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Grant, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
+    Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, GiveBack, Grant,
+    Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
     async_trait,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, GiveBack, Handout, KeyLayout, RedisSettings, TokenRule};
+use lock_redis_wire::{Batcher, Claim, Handout, KeyLayout, RedisSettings, TokenRule};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 

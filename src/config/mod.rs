@@ -225,12 +225,12 @@ impl Config {
                 ),
             )
         })?;
-        profile.check_url().map_err(|e| match e {
-            Error::InvalidInput { field, problem } => Error::invalid(
+        profile.check_url().map_err(|e| {
+            let problem = problem(e);
+            Error::invalid(
                 "config",
-                format!("{}: profile `{name}`: {field}: {problem}", self.origin),
-            ),
-            other => other,
+                format!("{}: profile `{name}`: {problem}", self.origin),
+            )
         })?;
         Ok(profile)
     }
@@ -382,18 +382,14 @@ impl Profile {
 /// when its profile is picked ([`Config::profile`], [`Profile::check_url`]):
 /// a TLS file that one host's profile names need not exist on another.
 fn check_scheme(url: &str) -> std::result::Result<(), String> {
-    let redacted = url::redact(url);
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(format!("url: {redacted}: expected scheme://..."));
-    };
-    let scheme = scheme.to_ascii_lowercase();
-    if crate::available_schemes().contains(&scheme.as_str()) {
-        Ok(())
-    } else {
-        Err(format!(
-            "url: {}",
-            crate::unavailable_scheme(&scheme, &redacted)
-        ))
+    crate::backend_of(url).map(drop).map_err(problem)
+}
+
+/// An input error as `field: problem`, to follow the profile's name.
+fn problem(e: Error) -> String {
+    match e {
+        Error::InvalidInput { field, problem } => format!("{field}: {problem}"),
+        other => other.to_string(),
     }
 }
 

@@ -4,23 +4,21 @@
 //! time-out around it, an aborted task). The server may then hold a grant
 //! that no lease stands for, and the lock would stay taken until that
 //! grant's TTL ran out: with a watchdog's TTL tens of seconds, with a long
-//! TTL much longer. A [`GiveBack`] armed around the acquire releases it
-//! instead, at once.
+//! TTL much longer. A backend arms a [`GiveBack`] around the acquire's
+//! request, and disarms it once the answer is back; dropped armed, it
+//! releases what the request may have been granted, at once.
 //!
 //! Only a dropped acquire is given back. One that answers with an error
 //! (a reply lost or late) is not: the caller's waiting loop tries again
-//! with the same owner token, and a release queued behind the error could
-//! delete the grant of that next try. A later try by the same owner takes
-//! such a grant over, and otherwise its TTL bounds it.
-//!
-//! Its release is queued behind the acquire on the same
-//! [`Batcher`](crate::Batcher), which sends an operation only after the
-//! answer to an earlier one of the same claim, so it runs after the
-//! acquire, whatever became of that. It names the attempt's owner token,
-//! which nothing uses again once the attempt was dropped (an owner token
-//! lives for one call of the `Locker`), so it deletes that grant or
-//! nothing. Where the release cannot be sent (the server unreachable, no
-//! runtime left), the grant's TTL still bounds it.
+//! with the same owner token, and a release that ran after that next try
+//! could delete its grant. A later try by the same owner takes such a
+//! grant over, and otherwise its TTL bounds it. Once an attempt is
+//! dropped nothing uses its owner token again (an owner token lives for
+//! one call of the [`Locker`](crate::Locker)), so a release naming that
+//! owner deletes that grant or nothing, provided it runs after the
+//! acquire: how the backend orders the two is its part. Where the release
+//! cannot be sent (the server unreachable, no runtime left), the grant's
+//! TTL still bounds it.
 
 /// Runs its give-back when dropped, unless [`disarm`](Self::disarm)ed
 /// first: the acquire's outcome reached its caller.
