@@ -87,9 +87,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         None
     }
 
-    /// Operator view: the locks held now whose keys start with `prefix`,
-    /// sorted by key. Optional; the default answers
-    /// [`Error::Unsupported`].
+    /// Operator view: the locks held now whose keys start with `prefix`, in
+    /// any order ([`Locker::inspect`](crate::Locker::inspect) sorts them).
+    /// Optional; the default answers [`Error::Unsupported`].
     async fn inspect(&self, _prefix: &str) -> Result<Vec<HeldLock>> {
         Err(Error::unsupported(
             self.capabilities().backend,

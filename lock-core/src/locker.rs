@@ -254,10 +254,15 @@ impl Locker {
     }
 
     /// Operator view: the locks held now under `prefix` (all when empty),
-    /// sorted by key. [`Error::Unsupported`] when the backend cannot list.
+    /// sorted by key, byte by byte. [`Error::Unsupported`] when the backend
+    /// cannot list.
     pub async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let span = self.span("inspect", prefix);
-        self.backend.inspect(prefix).instrument(span).await
+        let mut held = self.backend.inspect(prefix).instrument(span).await?;
+        // Sorted here, once: a backend's own order may follow a database
+        // collation (PostgreSQL's `ORDER BY` on text) rather than bytes.
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(held)
     }
 
     /// Gives back what the backend keeps idle for the next grants (see

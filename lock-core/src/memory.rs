@@ -268,7 +268,7 @@ impl LockBackend for MemoryBackend {
             return Err(self.unavailable());
         }
         let now = Instant::now();
-        let mut held: Vec<_> = state
+        let held: Vec<_> = state
             .slots
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
@@ -280,7 +280,6 @@ impl LockBackend for MemoryBackend {
                 })
             })
             .collect();
-        held.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(held)
     }
 

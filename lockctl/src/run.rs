@@ -211,8 +211,7 @@ async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, grace: Durat
     if !group_alive(pgid) {
         return;
     }
-    let _ = killpg(pgid, Signal::SIGTERM);
-    let _ = killpg(pgid, Signal::SIGCONT);
+    forward(pgid, Signal::SIGTERM);
     let until = Instant::now() + grace;
     if let Some(child) = leader.as_deref_mut()
         && timeout_at(until, child.wait()).await.is_ok()
