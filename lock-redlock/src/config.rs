@@ -81,7 +81,10 @@ pub(crate) fn parse(url: &str, options: RedlockOptions) -> Result<(RedisSettings
         Some(other) => {
             return Err(Error::invalid(
                 "url",
-                format!("{parsed}: `tls` is `true` or `false`, got `{other}`"),
+                format!(
+                    "{parsed}: `tls` is `true` or `false`{}",
+                    lock_core::url::got(parsed.is_ambiguous(), other)
+                ),
             ));
         }
     };

@@ -8,6 +8,7 @@ mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, GiveBack, Grant,
     Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
@@ -230,6 +231,37 @@ impl RedlockBackend {
             written.to_error("fencing write-back", &self.inner.endpoints),
         ))
     }
+
+    /// Writes `top` back to the nodes that granted after the attempt had
+    /// returned at a majority, if their counter is below it, as [`fence`]
+    /// did for the majority: so that every granting node's counter ends at
+    /// `top` or above, and the next grant needs no write-back. The majority
+    /// alone already makes the token safe; this keeps the nodes' counters
+    /// together, so that more of them carry it (it survives more restarts
+    /// without help from the clock).
+    ///
+    /// [`fence`]: Self::fence
+    async fn raise_late_grants(
+        self,
+        keys: LockKeys,
+        mut late: nodes::Pending<AcquireReply>,
+        top: FencingToken,
+        ttl: Duration,
+    ) {
+        while let Some((i, answer)) = late.next().await {
+            let Ok(AcquireReply::Granted(token)) = answer else {
+                continue;
+            };
+            if token >= top {
+                continue;
+            }
+            let node = &self.inner.nodes.nodes()[i];
+            let mut c = node.connection.clone();
+            if let Err(e) = scripts::write_back(&mut c, &keys, top, ttl).await {
+                tracing::debug!(endpoint = %node.endpoint, error = %lock_redis_wire::errors::describe(&e), "late grant's token not written back");
+            }
+        }
+    }
 }
 
 /// One lazily connected, multiplexed connection per node.
@@ -309,10 +341,10 @@ impl LockBackend for RedlockBackend {
         let claim = &Claim::new(self.keys(key), owner);
         let keys = claim.keys();
         let sent = Instant::now();
-        // Every answer is awaited (each bounded by the per-node timeout):
-        // returning at the first majority would leave the token's write-back
-        // to that majority only, and a token written to fewer nodes survives
-        // fewer restarts.
+        // The attempt returns once a majority has granted: the others'
+        // answers (each bounded by the per-node timeout) are only needed to
+        // raise a late grant's counter to the token, which a task does after
+        // the lease is handed out (see `raise_late_grants`).
         // A waiter of ours is registered (maybe the caller itself, between
         // rounds of its wait): the grant's release is to publish, so that
         // whoever still waits is woken.
@@ -327,18 +359,30 @@ impl LockBackend for RedlockBackend {
                 drop(node.batcher.release(claim.clone(), 0));
             }
         });
-        let answers = self
+        let q = quorum(self.inner.nodes.len());
+        let (answers, late) = self
             .inner
             .nodes
-            .ask_all(|node| node.batcher.acquire(claim.clone(), ttl, others_wait))
+            .ask_all_until(
+                |node| node.batcher.acquire(claim.clone(), ttl, others_wait),
+                |answers| {
+                    let granted = answers
+                        .iter()
+                        .filter(|a| matches!(a, Some(Ok(AcquireReply::Granted(_)))))
+                        .count();
+                    granted >= q
+                },
+            )
             .await;
         let tally = Tally::new(
             answers
                 .into_iter()
                 .map(|a| match a {
-                    Ok(AcquireReply::Granted(token)) => Reply::Done(token),
-                    Ok(AcquireReply::Contended(remaining)) => Reply::Refused { remaining },
-                    Err(why) => Reply::Failed(why),
+                    Some(Ok(AcquireReply::Granted(token))) => Reply::Done(token),
+                    Some(Ok(AcquireReply::Contended(remaining))) => Reply::Refused { remaining },
+                    Some(Err(why)) => Reply::Failed(why),
+                    // Not awaited, as a majority granted: it may grant yet.
+                    None => Reply::Failed("no answer yet".into()),
                 })
                 .collect(),
         );
@@ -365,7 +409,17 @@ impl LockBackend for RedlockBackend {
             let fenced = self.fence(keys, &tally, ttl).await;
             give_back.disarm();
             return match fenced {
-                Ok(token) => Ok(Grant::new(token).sent_at(sent)),
+                Ok(token) => {
+                    if !late.is_empty() {
+                        tokio::spawn(self.clone().raise_late_grants(
+                            keys.clone(),
+                            late,
+                            token,
+                            ttl,
+                        ));
+                    }
+                    Ok(Grant::new(token).sent_at(sent))
+                }
                 Err(e) => {
                     self.release_on(claim, 0, ours).await;
                     Err(e)

@@ -4,7 +4,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::future::{BoxFuture, join_all};
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use lock_redis_wire::Batcher;
 use redis::aio::ConnectionManager;
 
@@ -37,6 +39,10 @@ pub(crate) struct Nodes {
 /// What one node did with one request: its answer, or why there is none.
 pub(crate) type NodeResult<T> = std::result::Result<T, String>;
 
+/// Answers still to come, each with its node's index, each bounded by the
+/// per-node timeout.
+pub(crate) type Pending<T> = FuturesUnordered<BoxFuture<'static, (usize, NodeResult<T>)>>;
+
 impl Nodes {
     pub(crate) fn new(nodes: Vec<Node>, timeout: Duration) -> Self {
         Nodes { nodes, timeout }
@@ -68,6 +74,41 @@ impl Nodes {
             .collect()
     }
 
+    /// Like [`ask_all`](Self::ask_all), but returns as soon as `enough`
+    /// holds for the answers so far (or all have come). A node that has not
+    /// answered by then is `None` in the answers, and its answer is still to
+    /// come in the [`Pending`] returned with them.
+    pub(crate) async fn ask_all_until<T, F, Fut>(
+        &self,
+        request: F,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
+    ) -> (Vec<Option<NodeResult<T>>>, Pending<T>)
+    where
+        F: Fn(&Node) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let timeout = self.timeout;
+        // Every request is built (and a batcher's queued) before any is awaited.
+        let mut pending: Pending<T> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let asked = request(node);
+                async move { (i, answer_within(timeout, asked).await) }.boxed()
+            })
+            .collect();
+        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
+        while let Some((i, answer)) = pending.next().await {
+            answers[i] = Some(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        (answers, pending)
+    }
+
     /// Like [`ask_all`](Self::ask_all), for the nodes whose index passes
     /// `which`; the others' answers are `None`.
     pub(crate) async fn ask<T, F, Fut>(
@@ -85,15 +126,20 @@ impl Nodes {
             // and a batcher's requests are queued by the time this is first
             // polled (the give-back of a dropped acquire relies on it).
             let asked = which(i).then(|| request(node));
-            async move {
-                let asked = asked?;
-                Some(match tokio::time::timeout(timeout, asked).await {
-                    Ok(Ok(answer)) => Ok(answer),
-                    Ok(Err(e)) => Err(lock_redis_wire::errors::describe(&e)),
-                    Err(_) => Err(format!("no answer within {timeout:?}")),
-                })
-            }
+            async move { Some(answer_within(timeout, asked?).await) }
         }))
         .await
+    }
+}
+
+/// One node's answer to `asked`, or why there is none within `timeout`.
+async fn answer_within<T>(
+    timeout: Duration,
+    asked: impl Future<Output = redis::RedisResult<T>>,
+) -> NodeResult<T> {
+    match tokio::time::timeout(timeout, asked).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(lock_redis_wire::errors::describe(&e)),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
     }
 }

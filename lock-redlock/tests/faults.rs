@@ -251,6 +251,58 @@ async fn tokens_keep_increasing_after_two_nodes_restart_empty() {
     );
 }
 
+/// An acquire returns once a majority has granted, without waiting for a
+/// paused node; when that node answers later, its grant gets the token
+/// written back, as the majority's lagging nodes do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_returns_at_a_majority_and_a_late_grant_gets_the_token() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    // A node timeout far beyond the test: waiting for the paused node would show.
+    let node_timeout = Duration::from_secs(60);
+    let options = RedlockOptions::default().node_timeout(node_timeout);
+    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend.clone());
+    let counter = backend.redis_keys("late").counter;
+    // Node 4's counter far behind the others' (which start at their clock).
+    nodes.node(4).cli(&["SET", &counter, "1"]).expect("SET");
+    let paused = Paused::pause(&nodes, &[4]);
+
+    let started = Instant::now();
+    let lease = locker
+        .try_acquire("late", TTL)
+        .await
+        .expect("four nodes grant");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the acquire waited {took:?} for the paused node"
+    );
+    let token = lease.fencing_token().get();
+    assert!(token > 2, "the token {token} came from the lagging node");
+
+    drop(paused);
+    let read = || -> u64 {
+        let value = nodes.node(4).cli(&["GET", &counter]).expect("GET");
+        value.trim().parse().unwrap_or(0)
+    };
+    let give_up = Instant::now() + TTL;
+    while read() < token {
+        assert!(
+            Instant::now() < give_up,
+            "node 4's counter stayed at {} below the token {token}",
+            read()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    locker.release(lease).await.expect("release");
+    assert!(
+        !holds(&nodes, &backend, 4, "late"),
+        "the late node kept the grant after the release"
+    );
+}
+
 /// A grant that survives on a minority only (the majority lost it) is not a
 /// lock: extend reports it lost and clears the minority so it blocks nobody
 /// for a TTL, and release reports it lost too.
