@@ -173,6 +173,48 @@ mod tests {
         }
     }
 
+    /// A password holding an unencoded `?` makes the rest of it read as an
+    /// option and the user and the password's first piece as a host and a
+    /// port. Such a URL cannot be told from a valid one with an `@` in an
+    /// option's value, so no error about it shows its servers, options or
+    /// values.
+    #[test]
+    fn a_password_read_as_options_never_shows_in_errors() {
+        #[allow(unused_mut)]
+        let mut schemes: Vec<&str> = Vec::new();
+        #[cfg(feature = "redis")]
+        schemes.extend(["redis", "redis+cluster"]);
+        #[cfg(feature = "etcd")]
+        schemes.push("etcd");
+        #[cfg(feature = "redlock")]
+        schemes.push("redlock");
+        #[cfg(feature = "postgres")]
+        schemes.push("postgres");
+        for scheme in schemes {
+            // The password is `7?Zk9=Xq` or `7?prefix=Xq`, and so on.
+            for option in [
+                "Zk9",
+                "connect_timeout_ms",
+                "tls",
+                "min_ttl_s",
+                "create_schema",
+            ] {
+                let url = format!("{scheme}://app:7?{option}=Xq@db.example:1/0");
+                let Err(err) = check_url(&url) else {
+                    continue;
+                };
+                let text = err.to_string();
+                for piece in ["Zk9", "Xq", "7", "db.example"] {
+                    assert!(!text.contains(piece), "{url}: `{piece}` in {text}");
+                }
+                assert!(text.contains(&format!("{scheme}://***")), "{url}: {text}");
+            }
+        }
+        // An `@` in a value is no mistake: such a URL is taken, only not shown.
+        #[cfg(feature = "etcd")]
+        check_url("etcd://h:2379?prefix=team@corp/").expect("an `@` in a value");
+    }
+
     #[tokio::test]
     async fn missing_scheme_is_refused() {
         let err = connect("localhost:6379").await.unwrap_err();

@@ -21,6 +21,8 @@ pub struct Server {
     pub username: Option<String>,
     /// Password, if given (percent-decoded, never printed).
     pub password: Option<Secret>,
+    /// The URL is [ambiguous](is_ambiguous): its servers are never shown.
+    hidden: bool,
 }
 
 impl Server {
@@ -31,6 +33,19 @@ impl Server {
             format!("[{}]:{port}", self.host)
         } else {
             format!("{}:{port}", self.host)
+        }
+    }
+
+    /// How errors and logs name this server: `scheme://[user@]host:port`,
+    /// or `scheme://***` when its URL is [ambiguous](is_ambiguous), since
+    /// the host and port may then be pieces of a password.
+    pub fn endpoint(&self, scheme: &str, default_port: u16) -> String {
+        if self.hidden {
+            return format!("{scheme}://***");
+        }
+        match &self.username {
+            Some(user) => format!("{scheme}://{user}@{}", self.address(default_port)),
+            None => format!("{scheme}://{}", self.address(default_port)),
         }
     }
 }
@@ -52,6 +67,9 @@ pub struct ServerUrl {
     pub path: String,
     /// Query parameters, percent-decoded, in order.
     pub query: Vec<(String, String)>,
+    /// The URL is [ambiguous](is_ambiguous): it is shown as its scheme only,
+    /// and its options' names and values are never shown.
+    hidden: bool,
 }
 
 impl ServerUrl {
@@ -69,6 +87,7 @@ impl ServerUrl {
             return Err(bad(format!("`{scheme}` is not a valid scheme")));
         }
         let scheme = scheme.to_ascii_lowercase();
+        let hidden = is_ambiguous(input);
         if user_info_breaks_the_url(rest) {
             return Err(bad(
                 "the user info holds a character that must be percent-encoded \
@@ -102,6 +121,7 @@ impl ServerUrl {
                 port: one.port(),
                 username,
                 password,
+                hidden,
             });
         }
         if let Some(first) = servers.first().cloned() {
@@ -124,6 +144,7 @@ impl ServerUrl {
             servers,
             path,
             query,
+            hidden,
         })
     }
 
@@ -136,6 +157,12 @@ impl ServerUrl {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether the URL is [ambiguous](is_ambiguous): then it is shown as its
+    /// scheme only, and its options' names and values not at all.
+    pub fn is_ambiguous(&self) -> bool {
+        self.hidden
+    }
+
     /// Refuses a query option in none of the `known` lists, naming it and
     /// the known ones: a misspelt option is not silently ignored.
     pub fn refuse_unknown_options(&self, known: &[&[&str]]) -> Result<()> {
@@ -145,9 +172,14 @@ impl ServerUrl {
         };
         let mut all: Vec<&str> = known.iter().flat_map(|list| list.iter().copied()).collect();
         all.sort_unstable();
+        let named = if self.hidden {
+            format!("an unknown option (not named: {AMBIGUOUS})")
+        } else {
+            format!("unknown option `{name}`")
+        };
         Err(Error::invalid(
             "url",
-            format!("{self}: unknown option `{name}`; known: {}", all.join(", ")),
+            format!("{self}: {named}; known: {}", all.join(", ")),
         ))
     }
 
@@ -173,9 +205,18 @@ impl ServerUrl {
     pub fn millis_param(&self, name: &str) -> Result<Option<std::time::Duration>> {
         match self.param(name) {
             None => Ok(None),
-            Some(v) => v.parse::<u64>().map(|ms| Some(std::time::Duration::from_millis(ms))).map_err(|_| {
-                Error::invalid("url", format!("{}: parameter `{name}` must be a whole number of milliseconds, got `{v}`", self))
-            }),
+            Some(v) => v
+                .parse::<u64>()
+                .map(|ms| Some(std::time::Duration::from_millis(ms)))
+                .map_err(|_| {
+                    let got = got(self.hidden, v);
+                    Error::invalid(
+                        "url",
+                        format!(
+                            "{self}: parameter `{name}` must be a whole number of milliseconds{got}"
+                        ),
+                    )
+                }),
         }
     }
 }
@@ -191,6 +232,9 @@ pub fn read_option_file(option: &'static str, path: &str) -> Result<Vec<u8>> {
 impl fmt::Display for ServerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}://", self.scheme)?;
+        if self.hidden {
+            return f.write_str("***");
+        }
         for (i, s) in self.servers.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
@@ -223,12 +267,13 @@ impl fmt::Debug for ServerUrl {
 ///
 /// A password holding a character the URL should have encoded breaks the
 /// URL up in the wrong places, so a piece of it could pass for a host, a
-/// port or a path: then only the scheme is shown.
+/// port or a path: then only the scheme is shown. So it is for an
+/// [ambiguous](is_ambiguous) URL.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".to_owned();
     };
-    if user_info_breaks_the_url(rest) {
+    if user_info_breaks_the_url(rest) || is_ambiguous(url) {
         return format!("{scheme}://***");
     }
     let (authority, tail) = split_authority(rest);
@@ -244,6 +289,32 @@ pub fn redact(url: &str) -> String {
         })
         .collect();
     format!("{scheme}://{}{path}", servers.join(","))
+}
+
+/// Why an ambiguous URL's parts are not shown.
+pub const AMBIGUOUS: &str = "the URL has an `@` after its servers, which may end a password \
+     holding an unencoded `?` or `#`; encode them in a password as %3F and %23";
+
+/// Whether an `@` comes after the URL's servers (in its path, query or
+/// fragment). It may be part of an option's value (a file under
+/// `/home/a@corp`), or the end of a password holding an unencoded `?` or `#`
+/// (`redis://u:1?x@host`, whose servers would then read as `u:1`), and the
+/// two cannot be told apart. Such a URL still parses, but its servers,
+/// options and values are never shown: errors and logs name its scheme only.
+pub fn is_ambiguous(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(_, rest)| split_authority(rest).1.contains('@'))
+}
+
+/// The end of an error about a bad `value` read from a URL: ``, got `value` ``,
+/// or nothing when the URL is [ambiguous](is_ambiguous), where the value may
+/// be a piece of a password.
+pub fn got(ambiguous: bool, value: &str) -> String {
+    if ambiguous {
+        String::new()
+    } else {
+        format!(", got `{value}`")
+    }
 }
 
 /// The input of a URL that failed to parse, for its error: redacted, and
@@ -398,16 +469,34 @@ mod tests {
             err.contains("redis://***") && !err.contains("Xq") && !err.contains("Zk"),
             "{err}"
         );
-        // An `@` in a query value is no user info.
+        // An `@` in a query value is no user info: the URL is taken, but
+        // it could be a password's end (`:7?Zk=Xq@h`), so nothing after the
+        // scheme is shown.
         for valid in [
             "redis://h/0?prefix=team@x:",
             "etcd://h?ca_file=/home/a@corp/ca.pem",
+            "redis://app:7?Zk=Xq@h",
         ] {
-            ServerUrl::parse(valid).expect(valid);
+            let u = ServerUrl::parse(valid).expect(valid);
+            assert!(u.is_ambiguous(), "{valid}");
+            let scheme = &valid[..valid.find(':').unwrap()];
+            assert_eq!(u.to_string(), format!("{scheme}://***"));
+            assert_eq!(u.servers[0].endpoint(scheme, 1), format!("{scheme}://***"));
+            assert_eq!(redact(valid), format!("{scheme}://***"));
+        }
+        let u = ServerUrl::parse("etcd://h?ca_file=/home/a@corp/ca.pem").unwrap();
+        assert_eq!(u.param("ca_file"), Some("/home/a@corp/ca.pem"));
+        let u = ServerUrl::parse("redis://app:7?Zk=Xq@h&timeout_ms=Xq@").unwrap();
+        for err in [
+            u.refuse_unknown_options(&[&["timeout_ms"]]).unwrap_err(),
+            u.millis_param("timeout_ms").unwrap_err(),
+        ] {
+            let text = err.to_string();
+            assert!(!text.contains("Zk") && !text.contains("Xq"), "{text}");
         }
         assert_eq!(
             redact("postgres://app:pw@db/app?password=ab@cd"),
-            "postgres://app:***@db/app"
+            "postgres://***"
         );
         // A `+` is a plus, an encoded character is decoded.
         let u = ServerUrl::parse("redis://us%20er:a+b%2Fc@h").unwrap();

@@ -99,6 +99,7 @@ impl PostgresOptions {
     /// Any other parameter is refused, named (its value is never shown).
     pub fn from_url(url: &str) -> Result<PostgresOptions> {
         let redacted = redact(url);
+        let got = |value: &str| lock_core::url::got(lock_core::url::is_ambiguous(url), value);
         let bad = |problem: String| Error::invalid("url", format!("{redacted}: {problem}"));
         let mut parsed = url::Url::parse(url).map_err(|e| bad(format!("not a URL: {e}")))?;
         if !crate::SCHEMES.contains(&parsed.scheme()) {
@@ -125,16 +126,16 @@ impl PostgresOptions {
             .iter()
             .find(|(k, _)| !OWN_PARAMS.contains(&k.as_str()) && !is_driver(k))
         {
-            // Named, never shown with its value, which may be a secret. A
-            // name that is no plain word may be a piece of a password that
-            // broke the URL (an unencoded `?`), so it is not shown either.
-            let plain = unknown
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.[]".contains(c));
-            let named = if plain {
-                format!("unknown parameter `{unknown}`")
+            // Named, never shown with its value, which may be a secret; not
+            // even named in an ambiguous URL, where it may be a piece of a
+            // password.
+            let named = if lock_core::url::is_ambiguous(url) {
+                format!(
+                    "an unknown parameter (not named: {})",
+                    lock_core::url::AMBIGUOUS
+                )
             } else {
-                "an unknown parameter (its name is not shown: it is no plain word)".to_owned()
+                format!("unknown parameter `{unknown}`")
             };
             return Err(bad(format!(
                 "{named}; known: {}, and the driver's {}",
@@ -162,7 +163,7 @@ impl PostgresOptions {
             own(name)
                 .map(|v| {
                     v.parse::<u64>()
-                        .map_err(|_| bad(format!("`{name}` must be a whole number, got `{v}`")))
+                        .map_err(|_| bad(format!("`{name}` must be a whole number{}", got(v))))
                 })
                 .transpose()
         };
@@ -194,7 +195,8 @@ impl PostgresOptions {
                 "false" | "0" | "off" => false,
                 _ => {
                     return Err(bad(format!(
-                        "`create_schema` must be true or false, got `{v}`"
+                        "`create_schema` must be true or false{}",
+                        got(v)
                     )));
                 }
             };

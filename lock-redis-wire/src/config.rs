@@ -165,12 +165,12 @@ impl RedisSettings {
         let servers = url
             .servers
             .iter()
-            .map(|s| connection_info(s, db, tls))
+            .map(|s| connection_info(&url.scheme, s, db, tls))
             .collect::<Result<_>>()?;
         let endpoints = url
             .servers
             .iter()
-            .map(|s| endpoint(&url.scheme, s))
+            .map(|s| s.endpoint(&url.scheme, DEFAULT_PORT))
             .collect();
         Ok(RedisSettings {
             servers,
@@ -261,14 +261,7 @@ fn tls_file(url: &ServerUrl, tls: bool, option: &'static str) -> Result<Option<V
     }
 }
 
-fn endpoint(scheme: &str, server: &Server) -> String {
-    match &server.username {
-        Some(user) => format!("{scheme}://{user}@{}", server.address(DEFAULT_PORT)),
-        None => format!("{scheme}://{}", server.address(DEFAULT_PORT)),
-    }
-}
-
-fn connection_info(server: &Server, db: i64, tls: bool) -> Result<ConnectionInfo> {
+fn connection_info(scheme: &str, server: &Server, db: i64, tls: bool) -> Result<ConnectionInfo> {
     let port = server.port.unwrap_or(DEFAULT_PORT);
     let addr = if tls {
         ConnectionAddr::TcpTls {
@@ -287,9 +280,12 @@ fn connection_info(server: &Server, db: i64, tls: bool) -> Result<ConnectionInfo
     if let Some(password) = &server.password {
         redis = redis.set_password(password.expose());
     }
-    let info = addr
-        .into_connection_info()
-        .map_err(|e| Error::invalid("url", format!("{}: {e}", server.address(DEFAULT_PORT))))?;
+    let info = addr.into_connection_info().map_err(|e| {
+        Error::invalid(
+            "url",
+            format!("{}: {e}", server.endpoint(scheme, DEFAULT_PORT)),
+        )
+    })?;
     Ok(info.set_redis_settings(redis))
 }
 
