@@ -146,7 +146,8 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
                     "lockctl: lock `{}` lost while the command ran ({reason}); terminating its process group",
                     opts.key
                 );
-                terminate_group(pgid, Some(&mut child), opts.grace).await;
+                let until = kill_at.unwrap_or_else(|| Instant::now() + opts.grace);
+                terminate_group(pgid, Some(&mut child), until).await;
                 return ExitCode::from(exit::LOST);
             }
             status = child.wait() => break status,
@@ -169,8 +170,11 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
     };
 
     // Whatever the command left running in its group would run on without
-    // the lock: it goes before the lock is released.
-    terminate_group(pgid, None, opts.grace).await;
+    // the lock: it goes before the lock is released. After a forwarded
+    // SIGTERM the group's grace period is already running: it is not
+    // started again when the leader exits within it.
+    let until = kill_at.unwrap_or_else(|| Instant::now() + opts.grace);
+    terminate_group(pgid, None, until).await;
     if let Some(reason) = guard.lost_reason() {
         eprintln!(
             "lockctl: lock `{}` was lost before the command finished ({reason})",
@@ -204,15 +208,14 @@ fn forward(pgid: Pid, sig: Signal) {
 }
 
 /// Terminates every process of the group: SIGTERM, then SIGKILL once
-/// `grace` has passed; returns when the group is empty (or a last bounded
+/// `until` has passed; returns when the group is empty (or a last bounded
 /// wait after SIGKILL has passed).
-async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, grace: Duration) {
+async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, until: Instant) {
     reap_group(pgid);
     if !group_alive(pgid) {
         return;
     }
     forward(pgid, Signal::SIGTERM);
-    let until = Instant::now() + grace;
     if let Some(child) = leader.as_deref_mut()
         && timeout_at(until, child.wait()).await.is_ok()
     {

@@ -275,6 +275,51 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
     assert!(stderr.contains("still running"), "{stderr}");
 }
 
+/// The grace period starts at the forwarded SIGTERM, once: a leader that
+/// exits within it, leaving a process that ignores SIGTERM, does not start
+/// a second one for what it left behind.
+#[test]
+fn the_grace_period_is_not_restarted_when_the_leader_exits_within_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    // The leader takes 1.8 s to stop; its child ignores SIGTERM. Both loops
+    // are bounded, so that they cannot outlive a failed run by long.
+    let script = format!(
+        "(trap '' TERM; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done) & \
+         echo $! > {}; trap 'sleep 1.8; exit 0' TERM; \
+         i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        pid_file.display()
+    );
+    let mut lockctl = spawn(&[
+        "--url",
+        "memory://",
+        "run",
+        "k",
+        "--grace",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let left_behind = read_pid(&pid_file);
+    let sent = std::time::Instant::now();
+    signal(&lockctl, nix::sys::signal::Signal::SIGTERM);
+    let status = wait_exit(&mut lockctl);
+    let took = sent.elapsed();
+    let stderr = stderr_of(lockctl);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    // 2 s after SIGTERM, not 1.8 + 2 s.
+    assert!(
+        took < std::time::Duration::from_millis(3300),
+        "lockctl took {took:?} after SIGTERM with --grace 2s: {stderr}"
+    );
+    assert!(
+        !process_alive(left_behind),
+        "the process left behind still runs"
+    );
+}
+
 /// A stopped command (here it stops itself, as a terminal read from the
 /// background would) still gets a forwarded signal, here Ctrl-\'s SIGQUIT.
 #[test]
