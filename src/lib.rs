@@ -191,20 +191,23 @@ mod tests {
         #[cfg(feature = "postgres")]
         schemes.push("postgres");
         for scheme in schemes {
-            // The password is `7?Zk9=Xq` or `7?prefix=Xq`, and so on.
-            for option in [
+            // The password is `7?Zk9=Xq`, `7?ca_file=Xq` and so on, or, with
+            // an unencoded `/`, `12/cd==Xq`.
+            let options = [
                 "Zk9",
                 "connect_timeout_ms",
                 "tls",
                 "min_ttl_s",
                 "create_schema",
-            ] {
-                let url = format!("{scheme}://app:7?{option}=Xq@db.example:1/0");
-                let Err(err) = check_url(&url) else {
-                    continue;
-                };
-                let text = err.to_string();
-                for piece in ["Zk9", "Xq", "7", "db.example"] {
+                "ca_file",
+            ];
+            let urls = options
+                .iter()
+                .map(|option| format!("{scheme}://app:7?{option}=Xq@db.example:1/0"))
+                .chain([format!("{scheme}://app:12/cd==Xq@db.example:1/0")]);
+            for url in urls {
+                let text = check_url(&url).expect_err(&url).to_string();
+                for piece in ["Zk9", "Xq", "7", "12", "cd==", "db.example"] {
                     assert!(!text.contains(piece), "{url}: `{piece}` in {text}");
                 }
                 assert!(text.contains(&format!("{scheme}://***")), "{url}: {text}");

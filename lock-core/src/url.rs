@@ -11,7 +11,7 @@ use std::fmt;
 use crate::{Error, Result, Secret};
 
 /// One server of a [`ServerUrl`], with its credentials.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Server {
     /// Host name or IP address (IPv6 without brackets).
     pub host: String,
@@ -88,14 +88,7 @@ impl ServerUrl {
         }
         let scheme = scheme.to_ascii_lowercase();
         let hidden = is_ambiguous(input);
-        if user_info_breaks_the_url(rest) {
-            return Err(bad(
-                "the user info holds a character that must be percent-encoded \
-                 (`/` as %2F, `?` as %3F, `#` as %23, `,` as %2C), or a server \
-                 without credentials comes before one with them (give them first)"
-                    .into(),
-            ));
-        }
+        check_user_info(input)?;
         let (authority, tail) = split_authority(rest);
         if authority.is_empty() {
             return Err(bad("no server given".into()));
@@ -157,12 +150,6 @@ impl ServerUrl {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Whether the URL is [ambiguous](is_ambiguous): then it is shown as its
-    /// scheme only, and its options' names and values not at all.
-    pub fn is_ambiguous(&self) -> bool {
-        self.hidden
-    }
-
     /// Refuses a query option in none of the `known` lists, naming it and
     /// the known ones: a misspelt option is not silently ignored.
     pub fn refuse_unknown_options(&self, known: &[&[&str]]) -> Result<()> {
@@ -172,14 +159,9 @@ impl ServerUrl {
         };
         let mut all: Vec<&str> = known.iter().flat_map(|list| list.iter().copied()).collect();
         all.sort_unstable();
-        let named = if self.hidden {
-            format!("an unknown option (not named: {AMBIGUOUS})")
-        } else {
-            format!("unknown option `{name}`")
-        };
         Err(Error::invalid(
             "url",
-            format!("{self}: {named}; known: {}", all.join(", ")),
+            format!("{self}: unknown option `{name}`; known: {}", all.join(", ")),
         ))
     }
 
@@ -209,11 +191,10 @@ impl ServerUrl {
                 .parse::<u64>()
                 .map(|ms| Some(std::time::Duration::from_millis(ms)))
                 .map_err(|_| {
-                    let got = got(self.hidden, v);
                     Error::invalid(
                         "url",
                         format!(
-                            "{self}: parameter `{name}` must be a whole number of milliseconds{got}"
+                            "{self}: parameter `{name}` must be a whole number of milliseconds, got `{v}`"
                         ),
                     )
                 }),
@@ -255,6 +236,21 @@ impl fmt::Display for ServerUrl {
     }
 }
 
+/// Without the password, and as `***` when its URL is [ambiguous](is_ambiguous).
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.hidden {
+            return f.write_str("Server(***)");
+        }
+        f.debug_struct("Server")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &self.username)
+            .field("password", &self.password)
+            .finish()
+    }
+}
+
 impl fmt::Debug for ServerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ServerUrl({self})")
@@ -291,6 +287,26 @@ pub fn redact(url: &str) -> String {
     format!("{scheme}://{}{path}", servers.join(","))
 }
 
+/// Refuses a URL whose user info (what comes before an `@`) seems to run
+/// past where its servers end, which is how a password holding a character
+/// the URL should have encoded looks. The error shows the scheme alone.
+pub fn check_user_info(url: &str) -> Result<()> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(());
+    };
+    if user_info_breaks_the_url(rest) {
+        return Err(Error::invalid(
+            "url",
+            format!(
+                "{scheme}://***: the user info holds a character that must be percent-encoded \
+                 (`/` as %2F, `?` as %3F, `#` as %23, `,` as %2C), or a server \
+                 without credentials comes before one with them (give them first)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Why an ambiguous URL's parts are not shown.
 pub const AMBIGUOUS: &str = "the URL has an `@` after its servers, which may end a password \
      holding an unencoded `?` or `#`; encode them in a password as %3F and %23";
@@ -306,14 +322,24 @@ pub fn is_ambiguous(url: &str) -> bool {
         .is_some_and(|(_, rest)| split_authority(rest).1.contains('@'))
 }
 
-/// The end of an error about a bad `value` read from a URL: ``, got `value` ``,
-/// or nothing when the URL is [ambiguous](is_ambiguous), where the value may
-/// be a piece of a password.
-pub fn got(ambiguous: bool, value: &str) -> String {
-    if ambiguous {
-        String::new()
-    } else {
-        format!(", got `{value}`")
+/// `read`, the outcome of reading `url` into settings, with the text of an
+/// input error replaced when the URL is [ambiguous](is_ambiguous): the error
+/// keeps the field it names (`url`, `prefix`, `ca_file`, ...), but neither
+/// the URL's servers nor any option's name or value, any of which may then
+/// be a piece of a password. Every backend reads its URL through this.
+pub fn hide_if_ambiguous<T>(url: &str, read: Result<T>) -> Result<T> {
+    match read {
+        Err(Error::InvalidInput { field, .. }) if is_ambiguous(url) => {
+            let what = match field {
+                "url" => "the URL is refused".to_owned(),
+                option => format!("option `{option}` is refused"),
+            };
+            Err(Error::invalid(
+                field,
+                format!("{}: {what}; why is not shown: {AMBIGUOUS}", redact(url)),
+            ))
+        }
+        other => other,
     }
 }
 
@@ -328,15 +354,18 @@ fn shown(input: &str) -> String {
 }
 
 /// Whether user info (what comes before an `@`) seems to run past where
-/// the URL's servers end: an `@` after the first `/`, `?` or `#` but before
-/// any `=` (a query value may hold an `@`; a path rarely does), or a server
-/// without `@` ahead of one with it (a `,` in a password).
+/// the URL's servers end: an `@` in the path (a password with an unencoded
+/// `/`; a database name with an `@` encodes it, as `%40`), or after the
+/// first `?` or `#` but before any `=` (a query value may hold an `@`), or
+/// a server without `@` ahead of one with it (a `,` in a password).
 fn user_info_breaks_the_url(rest: &str) -> bool {
     let (authority, tail) = split_authority(rest);
+    let path = tail.split(['?', '#']).next().unwrap_or("");
     let before_a_value = tail.split('=').next().unwrap_or("");
     let parts: Vec<&str> = authority.split(',').collect();
     let last_with_user_info = parts.iter().rposition(|p| p.contains('@'));
-    before_a_value.contains('@')
+    path.contains('@')
+        || before_a_value.contains('@')
         || last_with_user_info.is_some_and(|last| parts[..last].iter().any(|p| !p.contains('@')))
 }
 
@@ -451,6 +480,7 @@ mod tests {
             "redis://app:Xq/Zk@h:6379/0",
             "redis://app:Xq#Zk@h",
             "redis://app:Xq?Zk@h/0?timeout_ms=5",
+            "redis://app:12/Xq==Zk@h",
         ] {
             let err = ServerUrl::parse(input).expect_err(input).to_string();
             assert!(err.contains("percent-encoded"), "{input}: {err}");
@@ -478,7 +508,7 @@ mod tests {
             "redis://app:7?Zk=Xq@h",
         ] {
             let u = ServerUrl::parse(valid).expect(valid);
-            assert!(u.is_ambiguous(), "{valid}");
+            assert!(is_ambiguous(valid), "{valid}");
             let scheme = &valid[..valid.find(':').unwrap()];
             assert_eq!(u.to_string(), format!("{scheme}://***"));
             assert_eq!(u.servers[0].endpoint(scheme, 1), format!("{scheme}://***"));
@@ -486,13 +516,18 @@ mod tests {
         }
         let u = ServerUrl::parse("etcd://h?ca_file=/home/a@corp/ca.pem").unwrap();
         assert_eq!(u.param("ca_file"), Some("/home/a@corp/ca.pem"));
-        let u = ServerUrl::parse("redis://app:7?Zk=Xq@h&timeout_ms=Xq@").unwrap();
+        let valid = "redis://app:7?Zk=Xq@h&timeout_ms=Xq@";
+        let u = ServerUrl::parse(valid).unwrap();
         for err in [
-            u.refuse_unknown_options(&[&["timeout_ms"]]).unwrap_err(),
-            u.millis_param("timeout_ms").unwrap_err(),
+            u.refuse_unknown_options(&[&["timeout_ms"]]),
+            u.millis_param("timeout_ms").map(drop),
+            Err(Error::invalid("prefix", "`Xq` is too long")),
         ] {
+            let err = hide_if_ambiguous(valid, err).unwrap_err();
             let text = err.to_string();
+            assert!(err.is_invalid_input(), "{text}");
             assert!(!text.contains("Zk") && !text.contains("Xq"), "{text}");
+            assert!(text.contains("redis://***"), "{text}");
         }
         assert_eq!(
             redact("postgres://app:pw@db/app?password=ab@cd"),

@@ -137,8 +137,7 @@ impl EtcdOptions {
                 Error::invalid(
                     "url",
                     format!(
-                        "{url}: parameter `min_ttl_s` must be a whole number of seconds{}",
-                        lock_core::url::got(url.is_ambiguous(), s)
+                        "{url}: parameter `min_ttl_s` must be a whole number of seconds, got `{s}`"
                     ),
                 )
             })?;

@@ -151,10 +151,7 @@ impl EtcdBackend {
     /// Checks a URL as [`connect`](Self::connect) reads it, without
     /// connecting: a malformed URL or an unknown option is refused the same.
     pub fn check_url(url: &str) -> Result<()> {
-        let options = EtcdOptions::default().from_url(&config::parse(url)?)?;
-        options.check()?;
-        // Reads the TLS files, as connecting does before it dials.
-        with_tls(ConnectOptions::new(), &options).map(drop)
+        read_url(url, EtcdOptions::default()).map(drop)
     }
 
     /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`
@@ -168,25 +165,8 @@ impl EtcdBackend {
     /// Reads the member list, so an unreachable cluster or one without a
     /// quorum is reported here as [`Error::Unavailable`].
     pub async fn connect_with(url: &str, options: EtcdOptions) -> Result<EtcdBackend> {
-        let parsed = config::parse(url)?;
-        let options = options.from_url(&parsed)?;
-        options.check()?;
+        let (parsed, options, connect) = read_url(url, options)?;
         let endpoint = Endpoint(parsed.to_string());
-        let mut connect = ConnectOptions::new()
-            .with_connect_timeout(options.connect_timeout)
-            // A member without a leader answers at once with "no leader"
-            // instead of waiting for one.
-            .with_require_leader(true)
-            // Finds dead connections (a paused member) on idle watch streams too.
-            .with_keep_alive(
-                options.request_timeout.max(Duration::from_secs(1)),
-                options.request_timeout,
-            );
-        if let Some(user) = &options.user {
-            let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");
-            connect = connect.with_user(user.as_str(), password);
-        }
-        connect = with_tls(connect, &options)?;
         let endpoints = config::endpoints(&parsed, options.ca_file.is_some());
         let client = endpoint
             .bounded(
@@ -463,6 +443,36 @@ impl EtcdBackend {
             held: None,
         })
     }
+}
+
+/// Reads the URL over `options` into what connecting needs, its TLS files
+/// included, as [`lock_core::url::hide_if_ambiguous`] shows its errors.
+fn read_url(
+    url: &str,
+    options: EtcdOptions,
+) -> Result<(lock_core::url::ServerUrl, EtcdOptions, ConnectOptions)> {
+    let read = || {
+        let parsed = config::parse(url)?;
+        let options = options.from_url(&parsed)?;
+        options.check()?;
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            // A member without a leader answers at once with "no leader"
+            // instead of waiting for one.
+            .with_require_leader(true)
+            // Finds dead connections (a paused member) on idle watch streams too.
+            .with_keep_alive(
+                options.request_timeout.max(Duration::from_secs(1)),
+                options.request_timeout,
+            );
+        if let Some(user) = &options.user {
+            let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");
+            connect = connect.with_user(user.as_str(), password);
+        }
+        let connect = with_tls(connect, &options)?;
+        Ok((parsed, options, connect))
+    };
+    lock_core::url::hide_if_ambiguous(url, read())
 }
 
 #[cfg(feature = "tls")]

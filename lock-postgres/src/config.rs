@@ -98,8 +98,12 @@ impl PostgresOptions {
     /// `response_timeout_ms`, `schema`, `table`, `sequence` and `create_schema`.
     /// Any other parameter is refused, named (its value is never shown).
     pub fn from_url(url: &str) -> Result<PostgresOptions> {
+        lock_core::url::hide_if_ambiguous(url, Self::read_url(url))
+    }
+
+    fn read_url(url: &str) -> Result<PostgresOptions> {
+        lock_core::url::check_user_info(url)?;
         let redacted = redact(url);
-        let got = |value: &str| lock_core::url::got(lock_core::url::is_ambiguous(url), value);
         let bad = |problem: String| Error::invalid("url", format!("{redacted}: {problem}"));
         let mut parsed = url::Url::parse(url).map_err(|e| bad(format!("not a URL: {e}")))?;
         if !crate::SCHEMES.contains(&parsed.scheme()) {
@@ -126,17 +130,8 @@ impl PostgresOptions {
             .iter()
             .find(|(k, _)| !OWN_PARAMS.contains(&k.as_str()) && !is_driver(k))
         {
-            // Named, never shown with its value, which may be a secret; not
-            // even named in an ambiguous URL, where it may be a piece of a
-            // password.
-            let named = if lock_core::url::is_ambiguous(url) {
-                format!(
-                    "an unknown parameter (not named: {})",
-                    lock_core::url::AMBIGUOUS
-                )
-            } else {
-                format!("unknown parameter `{unknown}`")
-            };
+            // Named, never shown with its value, which may be a secret.
+            let named = format!("unknown parameter `{unknown}`");
             return Err(bad(format!(
                 "{named}; known: {}, and the driver's {}",
                 OWN_PARAMS.join(", "),
@@ -163,7 +158,7 @@ impl PostgresOptions {
             own(name)
                 .map(|v| {
                     v.parse::<u64>()
-                        .map_err(|_| bad(format!("`{name}` must be a whole number{}", got(v))))
+                        .map_err(|_| bad(format!("`{name}` must be a whole number, got `{v}`")))
                 })
                 .transpose()
         };
@@ -195,8 +190,7 @@ impl PostgresOptions {
                 "false" | "0" | "off" => false,
                 _ => {
                     return Err(bad(format!(
-                        "`create_schema` must be true or false{}",
-                        got(v)
+                        "`create_schema` must be true or false, got `{v}`"
                     )));
                 }
             };
@@ -301,7 +295,10 @@ mod tests {
                 "unknown parameter `pasword`",
             ),
             // A password with an unencoded `?`: the rest reads as a query.
-            ("postgres://u:1?hunter2@h/db", "an unknown parameter"),
+            (
+                "postgres://u:1?hunter2@h/db",
+                "postgres://***: the URL is refused",
+            ),
             #[cfg(not(feature = "tls"))]
             ("postgres://u:pw@h/db?sslmode=require", "feature `tls`"),
         ] {

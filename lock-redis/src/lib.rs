@@ -40,6 +40,10 @@ impl RedisOptions {
     /// Reads a `redis://`, `rediss://`, `redis+cluster://` or
     /// `rediss+cluster://` URL (see the crate docs for its options).
     pub fn from_url(url: &str) -> Result<Self> {
+        lock_core::url::hide_if_ambiguous(url, Self::read_url(url))
+    }
+
+    fn read_url(url: &str) -> Result<Self> {
         let parsed = ServerUrl::parse(url)?;
         let (tls, cluster) = match parsed.scheme.as_str() {
             "redis" => (false, false),

@@ -64,6 +64,10 @@ impl RedlockOptions {
 
 /// Parses a `redlock://` URL, refusing other schemes and unknown options.
 pub(crate) fn parse(url: &str, options: RedlockOptions) -> Result<(RedisSettings, RedlockOptions)> {
+    lock_core::url::hide_if_ambiguous(url, read(url, options))
+}
+
+fn read(url: &str, options: RedlockOptions) -> Result<(RedisSettings, RedlockOptions)> {
     let parsed = ServerUrl::parse(url)?;
     if !crate::SCHEMES.contains(&parsed.scheme.as_str()) {
         return Err(Error::invalid(
@@ -81,10 +85,7 @@ pub(crate) fn parse(url: &str, options: RedlockOptions) -> Result<(RedisSettings
         Some(other) => {
             return Err(Error::invalid(
                 "url",
-                format!(
-                    "{parsed}: `tls` is `true` or `false`{}",
-                    lock_core::url::got(parsed.is_ambiguous(), other)
-                ),
+                format!("{parsed}: `tls` is `true` or `false`, got `{other}`"),
             ));
         }
     };

@@ -232,13 +232,12 @@ impl RedlockBackend {
         ))
     }
 
-    /// Writes `top` back to the nodes that granted after the attempt had
-    /// returned at a majority, if their counter is below it, as [`fence`]
-    /// did for the majority: so that every granting node's counter ends at
-    /// `top` or above, and the next grant needs no write-back. The majority
-    /// alone already makes the token safe; this keeps the nodes' counters
-    /// together, so that more of them carry it (it survives more restarts
-    /// without help from the clock).
+    /// Writes `top` back, best effort, to the nodes that granted after the
+    /// attempt had returned at a majority, if their counter is below it, as
+    /// [`fence`] did for the majority. The majority alone already makes the
+    /// token safe; this makes more nodes carry it (so it survives more
+    /// restarts without help from the clock), and spares the next grant a
+    /// write-back to them.
     ///
     /// [`fence`]: Self::fence
     async fn raise_late_grants(

@@ -200,10 +200,18 @@ async fn a_grant_on_a_minority_never_counts() {
 async fn tokens_keep_increasing_after_two_nodes_restart_empty() {
     let nodes = RedisNodes::start(5).expect("5 redis nodes");
     let (backend, locker) = connect(&nodes).await;
-    let counter = backend.redis_keys("restarts").counter;
-    // Node 0's counter far ahead of every clock (as if its clock ran fast):
-    // the token comes from it, and only the write-back to the others keeps
-    // it once node 0 forgets it.
+    let keys = backend.redis_keys("restarts");
+    let counter = keys.counter;
+    // Node 0's counter far ahead of every clock (as if its clock ran fast),
+    // and nodes 3 and 4 held by someone else, so that the granting majority
+    // is nodes 0, 1 and 2: the token comes from node 0, and only the
+    // write-back to the others keeps it once node 0 forgets it.
+    for i in [3, 4] {
+        nodes
+            .node(i)
+            .cli(&["SET", &keys.lock, "someone-else", "PX", "60000"])
+            .expect("SET");
+    }
     let ahead: u64 = nodes
         .node(0)
         .cli(&["TIME"])

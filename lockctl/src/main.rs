@@ -60,7 +60,8 @@ enum Cmd {
     /// renewals while CMD runs on. If the lock is lost, the whole group gets
     /// SIGTERM, then SIGKILL after --grace, and lockctl exits 77. Processes
     /// CMD leaves behind in its group are terminated the same way before the
-    /// lock is released.
+    /// lock is released (after a forwarded SIGTERM, within what is left of
+    /// its --grace).
     Run {
         /// The lock's key.
         key: String,

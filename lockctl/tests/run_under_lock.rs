@@ -281,14 +281,18 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
 #[test]
 fn the_grace_period_is_not_restarted_when_the_leader_exits_within_it() {
     let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    // The leader takes 1.8 s to stop; its child ignores SIGTERM. Both loops
-    // are bounded, so that they cannot outlive a failed run by long.
+    let (pid_file, ready) = (dir.path().join("pid"), dir.path().join("ready"));
+    // The leader takes 1 s to stop; its child ignores SIGTERM. Each writes
+    // its file once its trap is set. Both loops are bounded, so that they
+    // cannot outlive a failed run by long.
     let script = format!(
-        "(trap '' TERM; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done) & \
-         echo $! > {}; trap 'sleep 1.8; exit 0' TERM; \
+        "(trap '' TERM; sh -c 'echo $PPID' > {pid}; \
+           i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done) & \
+         trap 'sleep 1; exit 0' TERM; \
+         while [ ! -s {pid} ]; do sleep 0.01; done; echo > {ready}; \
          i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
-        pid_file.display()
+        pid = pid_file.display(),
+        ready = ready.display()
     );
     let mut lockctl = spawn(&[
         "--url",
@@ -296,12 +300,13 @@ fn the_grace_period_is_not_restarted_when_the_leader_exits_within_it() {
         "run",
         "k",
         "--grace",
-        "2s",
+        "2500ms",
         "--",
         "sh",
         "-c",
         &script,
     ]);
+    wait_for_file(&ready);
     let left_behind = read_pid(&pid_file);
     let sent = std::time::Instant::now();
     signal(&lockctl, nix::sys::signal::Signal::SIGTERM);
@@ -309,10 +314,10 @@ fn the_grace_period_is_not_restarted_when_the_leader_exits_within_it() {
     let took = sent.elapsed();
     let stderr = stderr_of(lockctl);
     assert_eq!(status.code(), Some(0), "{stderr}");
-    // 2 s after SIGTERM, not 1.8 + 2 s.
+    // 2.5 s after SIGTERM, not 1 + 2.5 s.
     assert!(
-        took < std::time::Duration::from_millis(3300),
-        "lockctl took {took:?} after SIGTERM with --grace 2s: {stderr}"
+        took < std::time::Duration::from_millis(3000),
+        "lockctl took {took:?} after SIGTERM with --grace 2500ms: {stderr}"
     );
     assert!(
         !process_alive(left_behind),
