@@ -21,6 +21,7 @@ macro_rules! conformance_suite {
             closing_idle_resources_keeps_held_locks,
             release_of_a_lost_lease_is_reported_and_harmless,
             forged_lease_can_neither_extend_nor_release,
+            rebuilt_lease_works_in_another_client,
             extend_moves_the_deadline,
             extend_after_expiry_is_lost_and_does_not_resurrect,
             extend_after_removal_is_lost,

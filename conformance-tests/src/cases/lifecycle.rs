@@ -141,6 +141,68 @@ pub async fn forged_lease_can_neither_extend_nor_release(fx: &Fixture) {
         .expect("the real holder releases");
 }
 
+/// A lease rebuilt from its parts (key, owner token, fencing token), as a
+/// tool keeps it across processes, works in another client as in the one
+/// that acquired it, where grants outlive their connection: it extends the
+/// grant on the server and releases it. Where they do not (PostgreSQL), the
+/// grant lives in the first client's connection: the rebuilt lease cannot
+/// end it, and the holder keeps the lock.
+pub async fn rebuilt_lease_works_in_another_client(fx: &Fixture) {
+    let key = fx.key("rebuilt");
+    let held = fx.locker.try_acquire(&key, LONG_TTL).await.expect("grant");
+    let rebuilt = || {
+        Lease::from_parts(
+            held.key().clone(),
+            held.owner().clone(),
+            held.fencing_token(),
+            held.ttl(),
+            held.deadline(),
+        )
+    };
+    if !fx.other.capabilities().lock_outlives_connection {
+        let refused = fx.other.release(rebuilt()).await;
+        assert!(
+            refused.is_err(),
+            "another client released a grant that lives in the holder's connection"
+        );
+        assert_contended(fx, &key, "the holder keeps its lock").await;
+        fx.locker.release(held).await.expect("the holder releases");
+        return;
+    }
+    let mut lease = rebuilt();
+    fx.other
+        .extend(&mut lease, LONG_TTL * 2)
+        .await
+        .expect("extend with the rebuilt lease, from another client");
+    match fx.locker.try_acquire(&key, LONG_TTL).await {
+        Err(Error::Contended {
+            remaining: Some(left),
+            ..
+        }) => assert!(
+            left > LONG_TTL,
+            "the server kept the first TTL: {left:?} left"
+        ),
+        Err(Error::Contended {
+            remaining: None, ..
+        }) => {}
+        other => panic!("after the rebuilt lease's extend: expected contended, got {other:?}"),
+    }
+    fx.other
+        .release(lease)
+        .await
+        .expect("release with the rebuilt lease, from another client");
+    let again = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("free once the rebuilt lease released it");
+    assert_lost(
+        fx.locker.release(held).await,
+        "the original lease, once the rebuilt one released its grant",
+    );
+    fx.locker.release(again).await.expect("release");
+}
+
 /// Extending moves the deadline forward, by the new TTL, on the client and
 /// on the server: another client still finds the lock held well past the
 /// first TTL.
