@@ -131,9 +131,8 @@ impl PostgresOptions {
             .find(|(k, _)| !OWN_PARAMS.contains(&k.as_str()) && !is_driver(k))
         {
             // Named, never shown with its value, which may be a secret.
-            let named = format!("unknown parameter `{unknown}`");
             return Err(bad(format!(
-                "{named}; known: {}, and the driver's {}",
+                "unknown parameter `{unknown}`; known: {}, and the driver's {}",
                 OWN_PARAMS.join(", "),
                 DRIVER_PARAMS.join(", ")
             )));

@@ -161,7 +161,7 @@ impl Statements {
             ),
             held: format!(
                 "SELECT k.name FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
-                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> '' ORDER BY k.name"
+                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> ''"
             ),
             exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
             sequence: "SELECT s.cache_size, s.cycle, s.increment_by, c.relpersistence = 'u', \

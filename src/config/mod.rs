@@ -189,9 +189,8 @@ impl Config {
         }
         let mut profiles = BTreeMap::new();
         for (name, raw) in file.profiles {
-            let profile = Profile::from_file(&name, raw).map_err(|problem| {
-                Error::invalid("config", format!("{origin}: profile `{name}`: {problem}"))
-            })?;
+            let profile = Profile::from_file(&name, raw)
+                .map_err(|problem| profile_error(origin, &name, problem))?;
             profiles.insert(name, profile);
         }
         Ok(Config {
@@ -225,13 +224,9 @@ impl Config {
                 ),
             )
         })?;
-        profile.check_url().map_err(|e| {
-            let problem = problem(e);
-            Error::invalid(
-                "config",
-                format!("{}: profile `{name}`: {problem}", self.origin),
-            )
-        })?;
+        profile
+            .check_url()
+            .map_err(|e| profile_error(&self.origin, name, problem(e)))?;
         Ok(profile)
     }
 }
@@ -327,8 +322,9 @@ impl Profile {
 
     /// Checks the profile's URL as [`crate::connect`] reads it, without
     /// connecting: a malformed URL, an unknown option, a bad timeout, and
-    /// for TLS a file that cannot be read are refused (see
-    /// [`crate::check_url`]).
+    /// for TLS a file that cannot be read (Redis, Redlock and etcd; the
+    /// PostgreSQL driver reads its certificate files when it connects) are
+    /// refused (see [`crate::check_url`]).
     pub fn check_url(&self) -> Result<()> {
         crate::check_url(&self.url)
     }
@@ -386,6 +382,11 @@ fn check_scheme(url: &str) -> std::result::Result<(), String> {
 }
 
 /// An input error as `field: problem`, to follow the profile's name.
+/// A config file's error about one of its profiles, naming both.
+fn profile_error(origin: &str, name: &str, problem: impl std::fmt::Display) -> Error {
+    Error::invalid("config", format!("{origin}: profile `{name}`: {problem}"))
+}
+
 fn problem(e: Error) -> String {
     match e {
         Error::InvalidInput { field, problem } => format!("{field}: {problem}"),
