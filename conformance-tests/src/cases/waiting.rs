@@ -123,34 +123,50 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
 /// An attempt dropped while it is on its way (a `select!` or a time-out
 /// around it) gives back at once whatever it was granted: another client
 /// finds the key free long before the grant's TTL. The attempts are dropped
-/// at moments spread over a few round trips, so that some are dropped
-/// before they are sent (round 0: before the task first runs), some while
-/// the server runs them, and some as their answer arrives.
+/// at moments spread from 0 to about three times what an attempt takes
+/// here, so that some are dropped before they are sent (at 0: before the
+/// task first runs), some while the server runs them, some as their answer
+/// arrives, and some after they finished. That some attempt was dropped
+/// after it started (not at 0) and some finished first is checked, where an
+/// attempt takes long enough to drop it on its way (a server's round trip;
+/// the in-memory backend answers within its first poll).
 pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
     // Far longer than the case waits for the key: a grant left behind fails it.
     let ttl = fx.short_ttl(Duration::from_secs(3600));
-    for round in 0..40u64 {
+    let takes = attempt_time(fx, ttl).await;
+    let rounds = 40u32;
+    let step = takes * 3 / rounds;
+    let (mut dropped_on_its_way, mut finished) = (0, 0);
+    for round in 0..rounds {
         let key = fx.key(&format!("dropped-{round}"));
         let attempt = {
             let (locker, key) = (fx.locker.clone(), key.clone());
             tokio::spawn(async move { locker.try_acquire(&key, ttl).await })
         };
-        // 0 to 1.95 ms: a busy wait, since a timer's granularity is 1 ms.
-        let drop_at = Instant::now() + Duration::from_micros(round * 50);
+        // A busy wait, since a timer's granularity is 1 ms.
+        let drop_at = Instant::now() + step * round;
         while Instant::now() < drop_at {
             tokio::task::yield_now().await;
         }
         attempt.abort();
         match attempt.await {
             // It finished first: its lease is the caller's to release.
-            Ok(Ok(lease)) => fx.locker.release(lease).await.expect("release"),
+            Ok(Ok(lease)) => {
+                finished += 1;
+                fx.locker.release(lease).await.expect("release");
+            }
             // A slow server (a Redlock node past its timeout): whatever
             // that attempt left must be gone too.
-            Ok(Err(Error::Unavailable { .. })) => {}
+            Ok(Err(Error::Unavailable { .. })) => finished += 1,
             Ok(Err(e)) => panic!("round {round}: the attempt failed: {e}"),
-            Err(dropped) => assert!(dropped.is_cancelled(), "round {round}: {dropped}"),
+            Err(cancelled) => {
+                assert!(cancelled.is_cancelled(), "round {round}: {cancelled}");
+                if round > 0 {
+                    dropped_on_its_way += 1;
+                }
+            }
         }
-        let dropped_at = format!("dropped at {} µs", round * 50);
+        let dropped_at = format!("dropped at {:?}", step * round);
         let lease = within(
             SLACK,
             &format!("the key is free long before the TTL of an attempt {dropped_at}"),
@@ -160,4 +176,23 @@ pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
         .unwrap_or_else(|e| panic!("an attempt {dropped_at}: {e}"));
         fx.other.release(lease).await.expect("release");
     }
+    if takes >= Duration::from_micros(100) {
+        assert!(
+            dropped_on_its_way > 0 && finished > 0,
+            "the drops missed an attempt's flight ({takes:?}): {dropped_on_its_way} dropped after it started, {finished} finished"
+        );
+    }
+}
+
+/// What one uncontended attempt takes here: the longest of three.
+async fn attempt_time(fx: &Fixture, ttl: Duration) -> Duration {
+    let key = fx.key("dropped-timing");
+    let mut longest = Duration::ZERO;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let lease = fx.locker.try_acquire(&key, ttl).await.expect("grant");
+        longest = longest.max(started.elapsed());
+        fx.locker.release(lease).await.expect("release");
+    }
+    longest
 }
