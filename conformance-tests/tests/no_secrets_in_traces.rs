@@ -1,22 +1,23 @@
-//! Nothing traced carries an owner token or a password, on every backend:
-//! every event and span at the most detailed level (`TRACE`), with all
-//! their fields, of lockkit's crates and of the client libraries under the
-//! backends (redis, etcd-client and its gRPC stack, sqlx) alike. That is
-//! more than `lockctl` shows (the libraries at `error` only), and what an
-//! application with a subscriber of its own may show.
+//! Nothing traced or logged carries an owner token or a password, on every
+//! backend: every event and span at the most detailed level (`TRACE`), with
+//! all their fields, of lockkit's crates and of the client libraries under
+//! the backends alike: etcd-client's gRPC stack and sqlx, which trace, and
+//! redis, which logs through the `log` crate. That is more than `lockctl`
+//! shows (the libraries at `error` only), and what an application with a
+//! subscriber of its own may show.
 //!
 //! Each backend is driven through the paths that trace: grants, renewals,
-//! refusals, a wait that runs out, a lease lost behind its holder's back
-//! (the guard's failed renewals warn), and a connection with a password in
-//! its URL. Owner tokens are 32 hex digits; no run of 32 hex digits may
-//! appear, so that a token the test never saw (a refused attempt's) is
-//! caught too.
+//! refusals, a wait that runs out, a guard whose grant goes behind its back,
+//! and a connection with a password in its URL. Owner tokens are 32 hex
+//! digits; no run of 32 hex digits may appear, so that a token the test
+//! never saw (a refused attempt's) is caught too.
 //!
-//! One test binary, one global subscriber: the backends' background tasks
-//! run on any thread, and all of them trace into the one capture.
+//! One test binary, one global subscriber and logger: the backends'
+//! background tasks run on any thread, and all of them write into the one
+//! capture.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
@@ -29,37 +30,38 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// In the URLs with a password.
 const PASSWORD: &str = "Pw-3fX9qL7t";
 
-/// Everything traced so far, as text.
+/// Everything traced and logged so far.
+static CAPTURE: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+/// Everything traced and logged so far, as text.
 fn captured() -> String {
-    String::from_utf8_lossy(&capture().lock().expect("capture lock")).into_owned()
+    String::from_utf8_lossy(&CAPTURE.lock().expect("capture lock")).into_owned()
 }
 
-fn capture() -> &'static Arc<Mutex<Vec<u8>>> {
-    static CAPTURE: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    CAPTURE.get_or_init(|| {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = {
-            let buffer = buffer.clone();
-            move || Capture(buffer.clone())
-        };
+/// Sends every span and event, and every `log` record, into [`CAPTURE`].
+fn capture_everything() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
         tracing_subscriber::registry()
             .with(
                 tracing_subscriber::fmt::layer()
-                    .with_writer(writer)
+                    .with_writer(|| Capture)
                     .with_ansi(false)
                     .with_span_events(FmtSpan::FULL),
             )
             .with(LevelFilter::TRACE)
             .init();
-        buffer
-    })
+        log::set_logger(&Capture).expect("the only logger");
+        log::set_max_level(log::LevelFilter::Trace);
+    });
 }
 
-struct Capture(Arc<Mutex<Vec<u8>>>);
+/// Writes into [`CAPTURE`]: a tracing writer and a `log` logger.
+struct Capture;
 
 impl Write for Capture {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
+        CAPTURE
             .lock()
             .expect("capture lock")
             .extend_from_slice(bytes);
@@ -69,6 +71,24 @@ impl Write for Capture {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record) {
+        let line = format!(
+            "{} {}: {}\n",
+            record.level(),
+            record.target(),
+            record.args()
+        );
+        let _ = Capture.write(line.as_bytes());
+    }
+
+    fn flush(&self) {}
 }
 
 /// The first run of exactly 32 hex digits in `text`: how an owner token is
@@ -121,8 +141,8 @@ async fn exercise(name: &str, locker: Locker, other: Locker) {
     assert!(matches!(waited, Error::TimedOut { .. }), "{waited}");
     locker.release(lease).await.expect("release");
 
-    // A guard whose grant goes behind its back: its renewal fails, warns
-    // and reports the loss.
+    // A guard whose grant goes behind its back: its renewal finds the grant
+    // gone and reports the loss.
     let guarded = format!("{key}-guard");
     let short = ttl(&locker, Duration::from_secs(3));
     let guard = locker
@@ -186,7 +206,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_backend_traces_a_secret() {
-    capture();
+    capture_everything();
     let mut ran = vec!["memory"];
     let memory = Locker::new(lock_core::MemoryBackend::new());
     exercise("memory", memory.clone(), memory).await;
@@ -256,8 +276,8 @@ async fn no_backend_traces_a_secret() {
         ran.push("etcd");
     }
     if let Some(url) = server_url("LOCKKIT_POSTGRES_URL") {
-        // The test server trusts local connections: a password in the URL
-        // is sent and ignored, so the whole run goes through that URL.
+        // The test server trusts local connections and never asks for the
+        // password in the URL, so the whole run goes through that URL.
         let (user, rest) = url
             .split_once("://")
             .and_then(|(_, rest)| rest.split_once('@'))
