@@ -110,9 +110,10 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
                 .acquire(key, TTL, Duration::from_secs(60))
                 .await
                 .expect("acquire after the restart");
+            let granted = Instant::now();
             let token = lease.fencing_token();
             locker.release(lease).await.expect("release");
-            token
+            (token, granted, Instant::now())
         })
     };
     let (first, second) = two_waiters(&cluster, &backend, key, waiter).await;
@@ -126,14 +127,24 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
         .release(holder)
         .await
         .expect("release after the restart");
+    let mut released = Instant::now();
 
+    // Each grant follows the release ahead of it by far less than a third
+    // of the TTL: the waiters' renewals, which re-check the queue, do not
+    // wake them; their watches do.
     let mut tokens = vec![held];
     for (name, w) in [("first", first), ("second", second)] {
-        let token = tokio::time::timeout(Duration::from_secs(30), w)
+        let (token, granted, its_release) = tokio::time::timeout(Duration::from_secs(30), w)
             .await
             .unwrap_or_else(|_| panic!("the {name} waiter is granted once the one ahead released"))
             .expect("waiter panicked");
+        let handoff = granted.saturating_duration_since(released);
+        assert!(
+            handoff < Duration::from_secs(3),
+            "the {name} waiter was granted {handoff:?} after the release ahead of it"
+        );
         tokens.push(token);
+        released = its_release;
     }
     assert!(
         tokens.windows(2).all(|t| t[0] < t[1]),

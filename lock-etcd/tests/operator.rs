@@ -59,7 +59,9 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
         common::lease_lives(endpoints(&url), lease_id).await,
         "the holder's lease was revoked"
     );
-    tokio::time::timeout(Duration::from_secs(10), lost)
+    // Well before the guard's first renewal (a third of its TTL from its
+    // grant), which would also find the grant gone.
+    tokio::time::timeout(Duration::from_secs(3), lost)
         .await
         .expect("the holder learns at once");
     assert!(

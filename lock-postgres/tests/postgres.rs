@@ -171,15 +171,20 @@ async fn writes_in_the_lock_transaction_commit_only_while_held() {
 
     // Ended by the idle timeout after writing: release fails and the write is gone.
     let ttl = Duration::from_millis(200);
-    let lease = locker
-        .try_acquire(&format!("{prefix}stalled"), ttl)
-        .await
-        .unwrap();
+    let stalled = format!("{prefix}stalled");
+    let lease = locker.try_acquire(&stalled, ttl).await.unwrap();
     sqlx::query(&write(2))
         .execute(&mut backend.transaction(&lease).await.unwrap())
         .await
         .unwrap();
-    tokio::time::sleep(ttl * 5).await;
+    // The server ends the idle session; then nobody holds the row.
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while backend.holder_pid(&stalled).await.unwrap().is_some() {
+            tokio::time::sleep(ttl / 10).await;
+        }
+    })
+    .await
+    .expect("the idle timeout ends the holder's session");
     assert!(locker.release(lease).await.unwrap_err().is_lost());
 
     // Terminated before writing: the write itself fails.

@@ -90,19 +90,7 @@ fn a_lost_lock_terminates_the_whole_process_group() {
         ]);
         let (child, grandchild) = (read_pid(&child_pid), read_pid(&grandchild_pid));
         assert!(process_alive(child) && process_alive(grandchild));
-        if !remove_from_outside(backend, &url, &key) {
-            eprintln!("skipped for {backend}: no way to remove a grant from outside yet");
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(lockctl.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(child),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            wait_exit(&mut lockctl);
-            continue;
-        }
+        remove_from_outside(backend, &url, &key);
         let status = wait_exit(&mut lockctl);
         let stderr = stderr_of(lockctl);
         assert_eq!(status.code(), Some(code::LOST), "{backend}: {stderr}");

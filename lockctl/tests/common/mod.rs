@@ -136,31 +136,14 @@ pub fn read_pid(path: &Path) -> i32 {
     }
 }
 
-/// Removes `key`'s grant behind its holder's back: with `lockctl release
-/// --force` where the backend offers it, else with the backend's own client.
-/// Returns false when neither is possible for this backend.
-pub fn remove_from_outside(backend: &str, url: &str, key: &str) -> bool {
+/// Removes `key`'s grant behind its holder's back, with `lockctl release
+/// --force`, which every backend offers.
+pub fn remove_from_outside(backend: &str, url: &str, key: &str) {
     let out = output(&["--url", url, "release", key, "--force", "--yes-i-know"]);
-    match out.status.code() {
-        Some(0) => return true,
-        Some(code::USAGE) => {}
-        other => panic!(
-            "force release failed ({other:?}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-    if backend == "redis" {
-        // The lock's Redis key under the default prefix (lock-redis-wire's layout).
-        let hostport = url.trim_start_matches("redis://");
-        let hostport = hostport.split(['/', '?']).next().unwrap_or(hostport);
-        let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
-        let out = Command::new("redis-cli")
-            .args(["-h", host, "-p", port, "DEL", &format!("lockkit:{{{key}}}")])
-            .output()
-            .expect("redis-cli runs");
-        let reply = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(reply.trim(), "1", "DEL removed the grant: {reply}");
-        return true;
-    }
-    false
+    assert!(
+        out.status.success(),
+        "{backend}: force release failed ({:?}): {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
