@@ -56,7 +56,7 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     // Only the entry goes: the lease may already serve another lock when a
     // forced release lands (see `force_release`), so it is not revoked.
     assert!(
-        common::lease_lives(endpoints(&url), lease_id).await,
+        common::lease_lives(common::endpoints(&url), lease_id).await,
         "the holder's lease was revoked"
     );
     // Well before the guard's first renewal (a third of its TTL from its
@@ -72,14 +72,4 @@ async fn inspect_lists_held_locks_and_force_release_takes_one_away() {
     );
     locker.release(other).await.expect("release");
     assert!(backend.inspect(&prefix).await.expect("inspect").is_empty());
-}
-
-/// The client addresses in an `etcd://` URL.
-fn endpoints(url: &str) -> Vec<String> {
-    lock_core::url::ServerUrl::parse(url)
-        .expect("url")
-        .servers
-        .iter()
-        .map(|s| s.address(2379))
-        .collect()
 }

@@ -1,6 +1,8 @@
 //! TTLs etcd cannot honour exactly are refused, never shortened or raised
 //! behind the caller's back (on the shared cluster, default election timeout).
 
+mod common;
+
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
@@ -64,12 +66,15 @@ async fn extend_to_a_shorter_or_longer_ttl_keeps_the_lock() {
         return;
     };
     let key = unique_key("ttl-extend");
-    let locker = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
+    let backend = EtcdBackend::connect(&url).await.expect("connect");
+    let locker = Locker::new(backend.clone());
     let mut lease = locker
         .try_acquire(&key, Duration::from_secs(6))
         .await
         .unwrap();
     let token = lease.fencing_token();
+    let lease_id = || async { backend.holder(&key).await.unwrap().expect("held").lease_id };
+    let mut on = lease_id().await;
     for ttl in [2, 10, 4] {
         locker
             .extend(&mut lease, Duration::from_secs(ttl))
@@ -81,6 +86,21 @@ async fn extend_to_a_shorter_or_longer_ttl_keeps_the_lock() {
             locker.try_acquire(&key, Duration::from_secs(2)).await,
             Err(Error::Contended { .. })
         ));
+        // The cluster keeps the grant's lease at least as long as the
+        // holder's new deadline (its count is in whole seconds, rounded up).
+        let now_on = lease_id().await;
+        let left = common::lease_seconds_left(common::endpoints(&url), now_on).await;
+        assert!(
+            left >= lease.remaining().as_secs() as i64,
+            "extended to {ttl} s: the lease has {left} s left, the holder {:?}",
+            lease.remaining()
+        );
+        if ttl == 10 {
+            assert_ne!(now_on, on, "a longer TTL moves the grant to a longer lease");
+        } else {
+            assert_eq!(now_on, on, "a shorter TTL keeps the grant on its lease");
+        }
+        on = now_on;
     }
     locker.release(lease).await.unwrap();
 }

@@ -49,13 +49,28 @@ pub async fn lapses_no_earlier_than_its_deadline(next: &Locker, key: &str, lapsi
 
 /// Whether the etcd lease `id` exists on the cluster at `endpoints`.
 pub async fn lease_lives(endpoints: Vec<String>, id: i64) -> bool {
+    lease_seconds_left(endpoints, id).await > 0
+}
+
+/// What the cluster at `endpoints` says is left of lease `id`, in whole
+/// seconds; -1 for a lease it does not know.
+pub async fn lease_seconds_left(endpoints: Vec<String>, id: i64) -> i64 {
     let mut client = etcd_client::Client::connect(endpoints, None)
         .await
         .expect("a client of our own");
-    let left = client
+    client
         .lease_time_to_live(id, None)
         .await
-        .expect("lease time-to-live");
-    // etcd answers -1 for a lease it does not know.
-    left.ttl() > 0
+        .expect("lease time-to-live")
+        .ttl()
+}
+
+/// The client addresses in an `etcd://` URL.
+pub fn endpoints(url: &str) -> Vec<String> {
+    lock_core::url::ServerUrl::parse(url)
+        .expect("url")
+        .servers
+        .iter()
+        .map(|s| s.address(2379))
+        .collect()
 }
