@@ -87,7 +87,7 @@ async fn extend_to_a_shorter_or_longer_ttl_keeps_the_lock() {
             Err(Error::Contended { .. })
         ));
         // The cluster keeps the grant's lease at least as long as the
-        // holder's new deadline (its count is in whole seconds, rounded up).
+        // holder's new deadline (both counts in whole seconds, rounded down).
         let now_on = lease_id().await;
         let left = common::lease_seconds_left(common::endpoints(&url), now_on).await;
         assert!(
