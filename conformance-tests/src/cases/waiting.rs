@@ -102,7 +102,6 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
         .try_acquire(&key, LONG_TTL)
         .await
         .expect("holder's grant");
-
     for delay_ms in [0u64, 1, 3, 10, 30] {
         let waiter = {
             let (locker, key) = (fx.locker.clone(), key.clone());
