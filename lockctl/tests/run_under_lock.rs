@@ -243,18 +243,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
         "trap '' TERM; echo > {}; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
         ready.display()
     );
-    let mut lockctl = spawn(&[
-        "--url",
-        "memory://",
-        "run",
-        "k",
-        "--grace",
-        "200ms",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let mut lockctl = run_in_memory(&["--grace", "200ms"], &script);
     wait_for_file(&ready);
     signal(&lockctl, nix::sys::signal::Signal::SIGTERM);
     let status = wait_exit(&mut lockctl);
@@ -282,18 +271,7 @@ fn the_grace_period_is_not_restarted_when_the_leader_exits_within_it() {
         pid = pid_file.display(),
         ready = ready.display()
     );
-    let mut lockctl = spawn(&[
-        "--url",
-        "memory://",
-        "run",
-        "k",
-        "--grace",
-        "2500ms",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let mut lockctl = run_in_memory(&["--grace", "2500ms"], &script);
     wait_for_file(&ready);
     let left_behind = read_pid(&pid_file);
     let sent = std::time::Instant::now();
@@ -323,7 +301,7 @@ fn a_forwarded_signal_reaches_a_stopped_command() {
         "trap 'exit 3' QUIT; echo $$ > {}; kill -STOP $$; while :; do sleep 0.05; done",
         pid_file.display()
     );
-    let mut lockctl = spawn(&["--url", "memory://", "run", "k", "--", "sh", "-c", &script]);
+    let mut lockctl = run_in_memory(&[], &script);
     let pid = read_pid(&pid_file);
     let until = std::time::Instant::now() + PATIENCE;
     // No event tells another process that one has stopped: poll its state.
@@ -366,4 +344,13 @@ fn ctrl_z_does_not_stop_lockctl() {
     // A stopped lockctl would never see its command end.
     let status = wait_exit(&mut lockctl);
     assert_eq!(status.code(), Some(0), "{}", stderr_of(lockctl));
+}
+
+/// `lockctl run` of `sh -c script` on the key `k` of an in-memory backend,
+/// with `options` before the command.
+fn run_in_memory(options: &[&str], script: &str) -> Child {
+    let mut args = vec!["--url", "memory://", "run", "k"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    spawn(&args)
 }

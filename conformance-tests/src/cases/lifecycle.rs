@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, Lease, OwnerToken};
+use lock_core::{Error, Lease, Locker, OwnerToken};
 use tokio::time::Instant;
 
 use super::{LONG_TTL, expiry_wait, short, within};
@@ -18,6 +18,24 @@ fn assert_lost(result: lock_core::Result<()>, what: &str) {
 async fn assert_contended(fx: &Fixture, key: &str, what: &str) {
     match fx.locker.try_acquire(key, LONG_TTL).await {
         Err(Error::Contended { .. }) => {}
+        other => panic!("{what}: expected contended, got {other:?}"),
+    }
+}
+
+/// `locker` finds `key` held, by a grant with more than `at_least` left on
+/// the server where the backend reports it: the server took an extend.
+async fn assert_held_for_more_than(locker: &Locker, key: &str, at_least: Duration, what: &str) {
+    match locker.try_acquire(key, LONG_TTL).await {
+        Err(Error::Contended {
+            remaining: Some(left),
+            ..
+        }) => assert!(
+            left > at_least,
+            "{what}: the server kept the first TTL: {left:?} left"
+        ),
+        Err(Error::Contended {
+            remaining: None, ..
+        }) => {}
         other => panic!("{what}: expected contended, got {other:?}"),
     }
 }
@@ -174,19 +192,13 @@ pub async fn rebuilt_lease_works_in_another_client(fx: &Fixture) {
         .extend(&mut lease, LONG_TTL * 2)
         .await
         .expect("extend with the rebuilt lease, from another client");
-    match fx.locker.try_acquire(&key, LONG_TTL).await {
-        Err(Error::Contended {
-            remaining: Some(left),
-            ..
-        }) => assert!(
-            left > LONG_TTL,
-            "the server kept the first TTL: {left:?} left"
-        ),
-        Err(Error::Contended {
-            remaining: None, ..
-        }) => {}
-        other => panic!("after the rebuilt lease's extend: expected contended, got {other:?}"),
-    }
+    assert_held_for_more_than(
+        &fx.locker,
+        &key,
+        LONG_TTL,
+        "after the rebuilt lease's extend",
+    )
+    .await;
     fx.other
         .release(lease)
         .await
@@ -220,16 +232,7 @@ pub async fn extend_moves_the_deadline(fx: &Fixture) {
         lease.remaining()
     );
     assert_eq!(lease.ttl(), longer);
-    match fx.other.try_acquire(&key, LONG_TTL).await {
-        Err(Error::Contended {
-            remaining: Some(left),
-            ..
-        }) => assert!(left > ttl, "the server kept the first TTL: {left:?} left"),
-        Err(Error::Contended {
-            remaining: None, ..
-        }) => {}
-        other => panic!("after extend: expected contended, got {other:?}"),
-    }
+    assert_held_for_more_than(&fx.other, &key, ttl, "after extend").await;
     // Time must pass here: the first TTL runs out on the server, or not.
     tokio::time::sleep(ttl * 2).await;
     match fx.other.try_acquire(&key, LONG_TTL).await {
