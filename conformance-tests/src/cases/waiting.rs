@@ -136,10 +136,11 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
 /// at moments spread from 0 to four times what an attempt takes here (eight
 /// if that was not enough), so that some are dropped before they are sent
 /// (at 0: before the task first runs), some while the server runs them,
-/// some as their answer arrives, and some after they finished. Unless the
-/// backend answers within an attempt's first poll (the in-memory one), the
-/// case checks that some attempt was dropped after it started and some
-/// finished first.
+/// some as their answer arrives, and some after they finished (an attempt
+/// after a drop may take longer than the ones timed: PostgreSQL, say, opens
+/// a connection in place of the dropped one's). Unless the backend answers
+/// within an attempt's first poll (the in-memory one), the case checks that
+/// some attempt was dropped after it started.
 pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
     // Far longer than the case waits for the key: a grant left behind fails it.
     let ttl = fx.short_ttl(Duration::from_secs(3600));
@@ -195,8 +196,8 @@ pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
     }
     if !on_first_poll {
         assert!(
-            dropped_on_its_way > 0 && finished > 0,
-            "the drops missed an attempt's flight ({takes:?}): {dropped_on_its_way} dropped after it started, {finished} finished"
+            dropped_on_its_way > 0,
+            "no attempt was dropped on its way ({takes:?} each): {finished} finished first, the others were dropped before they started"
         );
     }
 }
