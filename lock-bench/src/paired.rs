@@ -21,13 +21,51 @@ use crate::scenarios;
 use crate::subject::Client;
 
 /// The comparisons the goals make between two clients: (subject, against,
-/// tasks, metric). Names are the report's; `rslock` stands for the peer
-/// over one node or five.
-const COMPARISONS: &[(&str, &str, usize, Metric)] = &[
-    ("redis", "rslock (1 node)", 64, Metric::PairsPerSecond),
-    ("redlock", "rslock (5 nodes)", 64, Metric::PairsPerSecond),
-    ("redlock", "redis", 1, Metric::AcquireP50),
+/// tasks, metric, client runtime). Names are the report's; `rslock` stands
+/// for the peer over one node or five.
+const COMPARISONS: &[(&str, &str, usize, Metric, ClientRuntime)] = &[
+    (
+        "redis",
+        "rslock (1 node)",
+        64,
+        Metric::PairsPerSecond,
+        ClientRuntime::Lab,
+    ),
+    // The same pair, with the clients' runtime on one worker thread. On a
+    // machine whose few CPUs also run the servers, a second worker mostly
+    // wakes up to steal a task and parks again; this row shows what each
+    // client does without that (see the report's notes).
+    (
+        "redis",
+        "rslock (1 node)",
+        64,
+        Metric::PairsPerSecond,
+        ClientRuntime::OneWorker,
+    ),
+    (
+        "redlock",
+        "rslock (5 nodes)",
+        64,
+        Metric::PairsPerSecond,
+        ClientRuntime::Lab,
+    ),
+    (
+        "redlock",
+        "redis",
+        1,
+        Metric::AcquireP50,
+        ClientRuntime::Lab,
+    ),
 ];
+
+/// Where a comparison's clients run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientRuntime {
+    /// The lab's own Tokio runtime.
+    Lab,
+    /// A Tokio runtime of their own, with one worker thread.
+    OneWorker,
+}
 
 /// The backend or peer a report name stands for: its lab subject.
 fn lab_subject(name: &str) -> &str {
@@ -56,32 +94,94 @@ pub async fn all(
     prefix: &str,
 ) -> Vec<Paired> {
     let mut out = Vec::new();
-    for &(a, b, tasks, metric) in COMPARISONS {
+    for &(a, b, tasks, metric, runtime) in COMPARISONS {
         if !(wanted(lab_subject(a)) && wanted(lab_subject(b))) {
             continue;
         }
-        let _step = progress.step(format!("paired rounds: {a} and {b}, {tasks} tasks"));
-        let clients = match (client(a).await, client(b).await) {
-            (Ok(x), Ok(y)) => (x, y),
-            (x, y) => {
-                let mut failed = Paired::new(a, b, tasks, metric);
-                failed
-                    .errors
-                    .extend([x.err(), y.err()].into_iter().flatten());
-                out.push(failed);
-                continue;
+        let workers = match runtime {
+            ClientRuntime::Lab => tokio::runtime::Handle::current().metrics().num_workers(),
+            ClientRuntime::OneWorker => 1,
+        };
+        let _step = progress.step(format!(
+            "paired rounds: {a} and {b}, {tasks} tasks, {}",
+            workers_text(workers)
+        ));
+        let prefix = format!("{prefix}/{a}-{b}-{tasks}-w{workers}").replace([' ', '(', ')'], "");
+        let compare =
+            move || async move { compare(a, b, tasks, metric, rounds, phase, &prefix).await };
+        let mut paired = match runtime {
+            ClientRuntime::Lab => compare().await,
+            ClientRuntime::OneWorker => {
+                on_one_worker(compare, Paired::new(a, b, tasks, metric)).await
             }
         };
-        let prefix = format!("{prefix}/{a}-{b}-{tasks}").replace([' ', '(', ')'], "");
-        // Both clients of a throughput comparison use the same servers.
-        let servers = match (metric, servers_of(a)) {
-            (Metric::PairsPerSecond, Some(url)) => crate::counters::redis_nodes(&url).await.ok(),
-            _ => None,
-        };
-        let sides = ((a, &clients.0), (b, &clients.1));
-        out.push(run(sides, tasks, metric, rounds, phase, servers, &prefix).await);
+        paired.client_workers = workers;
+        paired.lab_runtime = runtime == ClientRuntime::Lab;
+        out.push(paired);
     }
     out
+}
+
+/// "1 worker thread", "2 worker threads".
+pub fn workers_text(workers: usize) -> String {
+    let s = if workers == 1 { "" } else { "s" };
+    format!("{workers} worker thread{s}")
+}
+
+/// Runs `work` on a Tokio runtime of its own with one worker thread, from
+/// a blocking thread of the lab's runtime, so that everything it spawns
+/// (connections' tasks included) runs there. `mut failed`: the outcome when
+/// that runtime cannot run it, with the reason added.
+async fn on_one_worker<F>(work: impl FnOnce() -> F + Send + 'static, mut failed: Paired) -> Paired
+where
+    F: Future<Output = Paired>,
+{
+    let ran = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a one-worker runtime: {e}"))?;
+        Ok::<_, String>(runtime.block_on(work()))
+    })
+    .await;
+    match ran {
+        Ok(Ok(paired)) => return paired,
+        Ok(Err(e)) => failed.errors.push(e),
+        Err(e) => failed
+            .errors
+            .push(format!("the one-worker runtime's thread failed: {e}")),
+    }
+    failed
+}
+
+/// One comparison, with clients of its own, on the runtime it is called on.
+async fn compare(
+    a: &str,
+    b: &str,
+    tasks: usize,
+    metric: Metric,
+    rounds: usize,
+    phase: Duration,
+    prefix: &str,
+) -> Paired {
+    let clients = match (client(a).await, client(b).await) {
+        (Ok(x), Ok(y)) => (x, y),
+        (x, y) => {
+            let mut failed = Paired::new(a, b, tasks, metric);
+            failed
+                .errors
+                .extend([x.err(), y.err()].into_iter().flatten());
+            return failed;
+        }
+    };
+    // Both clients of a throughput comparison use the same servers.
+    let servers = match (metric, servers_of(a)) {
+        (Metric::PairsPerSecond, Some(url)) => crate::counters::redis_nodes(&url).await.ok(),
+        _ => None,
+    };
+    let sides = ((a, &clients.0), (b, &clients.1));
+    run(sides, tasks, metric, rounds, phase, servers, prefix).await
 }
 
 /// The URL of the Redis servers a client of this report name talks to.
@@ -167,6 +267,11 @@ pub struct Paired {
     pub against: String,
     /// Concurrent tasks in every round.
     pub tasks: usize,
+    /// Worker threads of the Tokio runtime both clients ran on.
+    pub client_workers: usize,
+    /// Whether that runtime is the lab's own (the one every other figure
+    /// is taken on), not one of the comparison's own.
+    pub lab_runtime: bool,
     /// What is compared.
     pub metric: Metric,
     /// Each round's figures: (subject, against).
@@ -191,6 +296,8 @@ impl Paired {
             subject: subject.into(),
             against: against.into(),
             tasks,
+            client_workers: 0,
+            lab_runtime: true,
             metric,
             rounds: Vec::new(),
             ratios: Vec::new(),

@@ -324,20 +324,34 @@ impl Report {
         // A goal comparing two clients checks their paired rounds when
         // there are some, and shows the sweep's figures beside them.
         let paired = |goal: Goal, subject: &str, against: &str, met: &dyn Fn(f64) -> bool| {
-            let Some(p) = self
-                .paired
-                .iter()
-                .find(|p| p.subject == subject && p.against == against)
-            else {
+            let of_pair = |p: &&crate::Paired| p.subject == subject && p.against == against;
+            let Some(p) = self.paired.iter().filter(of_pair).find(|p| p.lab_runtime) else {
                 return goal;
             };
             let (Some(median), Some((lo, hi))) = (p.median(), p.range()) else {
                 return goal;
             };
+            // The same pair on a runtime of its own, if it ran: shown, not
+            // checked (the goal holds on the lab's runtime, like every
+            // other figure).
+            let elsewhere: String = self
+                .paired
+                .iter()
+                .filter(of_pair)
+                .filter(|p| !p.lab_runtime)
+                .filter_map(|p| {
+                    let (median, (lo, hi)) = (p.median()?, p.range()?);
+                    Some(format!(
+                        "; on a client runtime of {}: {median:.2}x ({lo:.2}x to {hi:.2}x)",
+                        crate::paired::workers_text(p.client_workers)
+                    ))
+                })
+                .collect();
             Goal {
                 measured: format!(
-                    "{median:.2}x, median of {} paired rounds ({lo:.2}x to {hi:.2}x); one after the other in the sweep: {}",
+                    "{median:.2}x, median of {} paired rounds ({lo:.2}x to {hi:.2}x) on a client runtime of {}{elsewhere}; one after the other in the sweep: {}",
                     p.ratios.len(),
+                    crate::paired::workers_text(p.client_workers),
                     goal.measured
                 ),
                 met: Some(met(median)),
@@ -510,7 +524,7 @@ impl Report {
         }
         md.push_str("\n## How each figure is taken\n\n");
         md.push_str("- **pairs/s**: T tasks, each locking and releasing a key of its own (`try_acquire` + `release`) for the phase; acquire latency is the `try_acquire` call alone.\n");
-        md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them. CPU per pair: the Redis servers' (`INFO cpu`, summed over the nodes both clients use) and this process's (user + system, /proc/self/stat; the client's work and the lab's own timing of each call, the same for both), over each round, divided by its pairs; the median over the rounds.\n");
+        md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them. CPU per pair: the Redis servers' (`INFO cpu`, summed over the nodes both clients use) and this process's (user + system, /proc/self/stat; the client's work and the lab's own timing of each call, the same for both), over each round, divided by its pairs; the median over the rounds. Client runtime: the Tokio runtime both clients run on, the lab's own (the one every other figure is taken on) unless the row says otherwise; Redis against rslock runs a second time on a runtime of one worker thread, since on a machine whose few CPUs the servers share, an idle second worker is woken to steal each burst of woken tasks and parks again, and what that costs a client depends on how its work comes in bursts.\n");
         md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant. Before the first and after the last, the backend gives back what it keeps idle (`Locker::close_idle`: etcd's idle leases, PostgreSQL's idle connections), as it does after each backend's runs, so that no idle etcd lease expires on the server during a later measurement.\n");
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
@@ -688,7 +702,7 @@ impl Report {
             return String::new();
         }
         let mut md = String::from(
-            "## Paired rounds: two clients in turns\n\n| client | against | tasks | compared | rounds | median ratio | lowest | highest | Redis CPU per pair, client / against | lab process CPU per pair, client / against |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            "## Paired rounds: two clients in turns\n\n| client | against | tasks | client runtime | compared | rounds | median ratio | lowest | highest | Redis CPU per pair, client / against | lab process CPU per pair, client / against |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for p in &self.paired {
             let compared = match p.metric {
@@ -704,10 +718,11 @@ impl Report {
             let (cpu, own) = (both(p.server_us_per_pair), both(p.client_us_per_pair));
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {compared} | {} | {} | {lo} | {hi} | {cpu} | {own} |",
+                "| {} | {} | {} | {} | {compared} | {} | {} | {lo} | {hi} | {cpu} | {own} |",
                 p.subject,
                 p.against,
                 p.tasks,
+                crate::paired::workers_text(p.client_workers),
                 p.ratios.len(),
                 p.median().map_or("—".into(), |m| format!("{m:.2}x")),
             );
