@@ -22,7 +22,7 @@ use serde::Serialize;
 
 pub use baseline::{Bound, BoundPoint};
 pub use instructions::{InstructionPoint, ServerInstructions};
-pub use paired::{Metric, Paired};
+pub use paired::{ClientRuntime, Metric, Paired};
 pub use report::{Goal, Machine, Report, Subject};
 pub use scenarios::{Contended, Loss, ManyKeys, Uncontended};
 pub use stats::Latency;

@@ -59,12 +59,25 @@ const COMPARISONS: &[(&str, &str, usize, Metric, ClientRuntime)] = &[
 ];
 
 /// Where a comparison's clients run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ClientRuntime {
-    /// The lab's own Tokio runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ClientRuntime {
+    /// The lab's own Tokio runtime, the one every other figure is taken on.
     Lab,
-    /// A Tokio runtime of their own, with one worker thread.
+    /// A Tokio runtime of the comparison's own, with one worker thread.
     OneWorker,
+}
+
+impl ClientRuntime {
+    /// How the report names it, with its worker threads: "the lab's
+    /// runtime (2 worker threads)".
+    pub fn describe(self, workers: usize) -> String {
+        let s = if workers == 1 { "" } else { "s" };
+        let threads = format!("{workers} worker thread{s}");
+        match self {
+            ClientRuntime::Lab => format!("the lab's runtime ({threads})"),
+            ClientRuntime::OneWorker => format!("a runtime of its own ({threads})"),
+        }
+    }
 }
 
 /// The backend or peer a report name stands for: its lab subject.
@@ -102,57 +115,54 @@ pub async fn all(
             ClientRuntime::Lab => tokio::runtime::Handle::current().metrics().num_workers(),
             ClientRuntime::OneWorker => 1,
         };
+        let on = runtime.describe(workers);
         let _step = progress.step(format!(
-            "paired rounds: {a} and {b}, {tasks} tasks, {}",
-            workers_text(workers)
+            "paired rounds: {a} and {b}, {tasks} tasks, on {on}"
         ));
-        let prefix = format!("{prefix}/{a}-{b}-{tasks}-w{workers}").replace([' ', '(', ')'], "");
-        let compare =
-            move || async move { compare(a, b, tasks, metric, rounds, phase, &prefix).await };
-        let mut paired = match runtime {
-            ClientRuntime::Lab => compare().await,
-            ClientRuntime::OneWorker => {
-                on_one_worker(compare, Paired::new(a, b, tasks, metric)).await
-            }
+        let label = match runtime {
+            ClientRuntime::Lab => "lab",
+            ClientRuntime::OneWorker => "own1",
         };
+        let prefix = format!("{prefix}/{a}-{b}-{tasks}-{label}").replace([' ', '(', ')'], "");
+        let job = move || async move { compare(a, b, tasks, metric, rounds, phase, &prefix).await };
+        let ran = match runtime {
+            ClientRuntime::Lab => Ok(job().await),
+            ClientRuntime::OneWorker => on_one_worker(job).await,
+        };
+        let mut paired = ran.unwrap_or_else(|e| {
+            let mut failed = Paired::new(a, b, tasks, metric);
+            failed.errors.push(e);
+            failed
+        });
+        paired.runtime = runtime;
         paired.client_workers = workers;
-        paired.lab_runtime = runtime == ClientRuntime::Lab;
         out.push(paired);
     }
     out
 }
 
-/// "1 worker thread", "2 worker threads".
-pub fn workers_text(workers: usize) -> String {
-    let s = if workers == 1 { "" } else { "s" };
-    format!("{workers} worker thread{s}")
-}
-
-/// Runs `work` on a Tokio runtime of its own with one worker thread, from
+/// Runs `job` on a Tokio runtime of its own with one worker thread, from
 /// a blocking thread of the lab's runtime, so that everything it spawns
-/// (connections' tasks included) runs there. `mut failed`: the outcome when
-/// that runtime cannot run it, with the reason added.
-async fn on_one_worker<F>(work: impl FnOnce() -> F + Send + 'static, mut failed: Paired) -> Paired
+/// (connections' tasks included) runs there and ends with it. Errs when
+/// that runtime cannot run it.
+async fn on_one_worker<F>(job: impl FnOnce() -> F + Send + 'static) -> Result<Paired, String>
 where
     F: Future<Output = Paired>,
 {
-    let ran = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start a one-worker runtime: {e}"))?;
-        Ok::<_, String>(runtime.block_on(work()))
+        let paired = runtime.block_on(job());
+        // Its tasks (connections' drivers) are cancelled; a blocking call
+        // one of them left running is not waited for without end.
+        runtime.shutdown_timeout(Duration::from_secs(5));
+        Ok(paired)
     })
-    .await;
-    match ran {
-        Ok(Ok(paired)) => return paired,
-        Ok(Err(e)) => failed.errors.push(e),
-        Err(e) => failed
-            .errors
-            .push(format!("the one-worker runtime's thread failed: {e}")),
-    }
-    failed
+    .await
+    .unwrap_or_else(|e| Err(format!("the one-worker runtime's thread failed: {e}")))
 }
 
 /// One comparison, with clients of its own, on the runtime it is called on.
@@ -267,11 +277,10 @@ pub struct Paired {
     pub against: String,
     /// Concurrent tasks in every round.
     pub tasks: usize,
-    /// Worker threads of the Tokio runtime both clients ran on.
+    /// The Tokio runtime both clients ran on.
+    pub runtime: ClientRuntime,
+    /// Its worker threads.
     pub client_workers: usize,
-    /// Whether that runtime is the lab's own (the one every other figure
-    /// is taken on), not one of the comparison's own.
-    pub lab_runtime: bool,
     /// What is compared.
     pub metric: Metric,
     /// Each round's figures: (subject, against).
@@ -291,13 +300,13 @@ pub struct Paired {
 }
 
 impl Paired {
-    fn new(subject: &str, against: &str, tasks: usize, metric: Metric) -> Paired {
+    pub(crate) fn new(subject: &str, against: &str, tasks: usize, metric: Metric) -> Paired {
         Paired {
             subject: subject.into(),
             against: against.into(),
             tasks,
+            runtime: ClientRuntime::Lab,
             client_workers: 0,
-            lab_runtime: true,
             metric,
             rounds: Vec::new(),
             ratios: Vec::new(),

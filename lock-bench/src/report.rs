@@ -5,9 +5,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::Mode;
 use crate::baseline::{Bound, BoundPoint};
 use crate::scenarios::{Contended, Loss, ManyKeys, Uncontended};
+use crate::{ClientRuntime, Mode};
 
 /// The machine the lab ran on.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -325,10 +325,12 @@ impl Report {
         // there are some, and shows the sweep's figures beside them.
         let paired = |goal: Goal, subject: &str, against: &str, met: &dyn Fn(f64) -> bool| {
             let of_pair = |p: &&crate::Paired| p.subject == subject && p.against == against;
-            let Some(p) = self.paired.iter().filter(of_pair).find(|p| p.lab_runtime) else {
-                return goal;
-            };
-            let (Some(median), Some((lo, hi))) = (p.median(), p.range()) else {
+            let Some(checked) = self
+                .paired
+                .iter()
+                .filter(of_pair)
+                .find(|p| p.runtime == ClientRuntime::Lab)
+            else {
                 return goal;
             };
             // The same pair on a runtime of its own, if it ran: shown, not
@@ -338,23 +340,24 @@ impl Report {
                 .paired
                 .iter()
                 .filter(of_pair)
-                .filter(|p| !p.lab_runtime)
-                .filter_map(|p| {
-                    let (median, (lo, hi)) = (p.median()?, p.range()?);
-                    Some(format!(
-                        "; on a client runtime of {}: {median:.2}x ({lo:.2}x to {hi:.2}x)",
-                        crate::paired::workers_text(p.client_workers)
-                    ))
+                .filter(|p| p.runtime != ClientRuntime::Lab)
+                .map(|p| {
+                    let on = p.runtime.describe(p.client_workers);
+                    format!("; on {on}, not checked: {}", paired_outcome(p))
                 })
                 .collect();
+            let on = checked.runtime.describe(checked.client_workers);
+            let (checks, met) = match checked.median() {
+                Some(median) => ("checked", Some(met(median))),
+                None => ("so the sweep's figure is checked", goal.met),
+            };
             Goal {
                 measured: format!(
-                    "{median:.2}x, median of {} paired rounds ({lo:.2}x to {hi:.2}x) on a client runtime of {}{elsewhere}; one after the other in the sweep: {}",
-                    p.ratios.len(),
-                    crate::paired::workers_text(p.client_workers),
+                    "{} on {on}, {checks}{elsewhere}; one after the other in the sweep: {}",
+                    paired_outcome(checked),
                     goal.measured
                 ),
-                met: Some(met(median)),
+                met,
                 goal: goal.goal,
             }
         };
@@ -722,7 +725,7 @@ impl Report {
                 p.subject,
                 p.against,
                 p.tasks,
-                crate::paired::workers_text(p.client_workers),
+                p.runtime.describe(p.client_workers),
                 p.ratios.len(),
                 p.median().map_or("—".into(), |m| format!("{m:.2}x")),
             );
@@ -806,6 +809,22 @@ impl Report {
     }
 }
 
+/// A pair's median ratio and its spread, or why it has none.
+fn paired_outcome(p: &crate::Paired) -> String {
+    match (p.median(), p.range()) {
+        (Some(median), Some((lo, hi))) => format!(
+            "{median:.2}x, median of {} paired rounds ({lo:.2}x to {hi:.2}x)",
+            p.ratios.len()
+        ),
+        _ => {
+            let why = p.errors.first().map_or("none completed", String::as_str);
+            // One line of a Markdown table cell.
+            let why: String = why.replace(['|', '\n'], " ").chars().take(160).collect();
+            format!("no paired rounds ({why})")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -820,6 +839,57 @@ mod tests {
         assert_eq!(ratio(2.0, None), "—");
         assert_eq!(bytes(2048.0), "2.0 KiB");
         assert_eq!(bytes(-29.0), "≈ 0 B");
+    }
+
+    #[test]
+    fn the_goal_against_rslock_checks_the_labs_runtime_and_shows_the_other() {
+        let redis_goal = |paired: Vec<crate::Paired>| {
+            let mut report = Report::new(Mode::Quick, Machine::default());
+            report.paired = paired;
+            report.finish();
+            let goal = report
+                .goals
+                .into_iter()
+                .find(|g| g.goal.contains("1.3x rslock"));
+            goal.expect("the goal against rslock")
+        };
+        let row = |runtime, workers, ratios: &[f64], error: Option<&str>| {
+            let mut p = crate::Paired::new(
+                "redis",
+                "rslock (1 node)",
+                64,
+                crate::Metric::PairsPerSecond,
+            );
+            (p.runtime, p.client_workers) = (runtime, workers);
+            p.ratios = ratios.to_vec();
+            p.errors.extend(error.map(str::to_owned));
+            p
+        };
+        let goal = redis_goal(vec![
+            row(ClientRuntime::Lab, 2, &[1.0, 1.1, 1.2], None),
+            row(ClientRuntime::OneWorker, 1, &[], Some("refused | twice")),
+        ]);
+        assert_eq!(goal.met, Some(false), "{}", goal.measured);
+        assert!(
+            goal.measured.starts_with(
+                "1.10x, median of 3 paired rounds (1.00x to 1.20x) on the lab's runtime (2 worker threads), checked; on a runtime of its own (1 worker thread), not checked: no paired rounds (refused   twice)"
+            ),
+            "{}",
+            goal.measured
+        );
+        // The checked row without rounds: the sweep decides, and says so.
+        let goal = redis_goal(vec![
+            row(ClientRuntime::OneWorker, 1, &[1.4], None),
+            row(ClientRuntime::Lab, 2, &[], None),
+        ]);
+        assert_eq!(goal.met, None, "no sweep figures: not measured");
+        assert!(
+            goal.measured.starts_with(
+                "no paired rounds (none completed) on the lab's runtime (2 worker threads), so the sweep's figure is checked; on a runtime of its own (1 worker thread), not checked: 1.40x"
+            ),
+            "{}",
+            goal.measured
+        );
     }
 
     #[test]
