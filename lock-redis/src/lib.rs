@@ -270,21 +270,10 @@ impl RedisBackend {
                 let claim = Claim::new(keys, owner);
                 let give_back = GiveBack::armed(|| drop(batcher.release(claim.clone(), 0)));
                 let reply = batcher.acquire(claim.clone(), ttl, others_wait).await;
-                // Answered with an error, the acquire is given back too: after
-                // a response timeout the server may still run it, and grant a
-                // lock its caller never learns of. The release goes out on the
-                // same connection, behind it, and before any retry of the
-                // same owner's (the batcher keeps a claim's operations in
-                // order), so it can only end that late grant.
-                if reply.is_ok() {
-                    give_back.disarm();
-                }
+                give_back.disarm();
                 reply
             }
             None => {
-                // Not after an error: the cluster client keeps no order
-                // between this release and a retry of the same owner's, so
-                // the release could end the retry's grant.
                 let give_back = GiveBack::armed(|| self.give_back_on_cluster(&keys, owner));
                 let conn = &mut self.inner.conn.clone();
                 let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
