@@ -270,8 +270,8 @@ impl RedisBackend {
                 let claim = Claim::new(keys, owner);
                 let give_back = GiveBack::armed(|| drop(batcher.release(claim.clone(), 0)));
                 let reply = batcher.acquire(claim.clone(), ttl, others_wait).await;
-                // Not given back after an error either, though the server may
-                // run the acquire late: the waiting loop retries with the same
+                // An acquire answered with an error is not given back, though
+                // the server may run it late: the waiting loop retries with the same
                 // owner, and if the release failed in a way that makes the
                 // connection reconnect while its bytes still wait at the
                 // server, the retry's grant on the new connection could come
