@@ -41,11 +41,16 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// [`Error::Contended`](crate::Error::Contended), with the holder's
     /// remaining TTL when known; never waits for the holder.
     ///
-    /// A grant `owner` already has (an earlier attempt that succeeded though
-    /// its caller saw an error, as a waiting acquire retries with the same
-    /// owner) may be granted anew, for `ttl` and with a fresh, higher token;
-    /// a backend that cannot tell it from another owner's answers
-    /// `Contended`, and the grant lapses with its TTL.
+    /// An attempt that fails, or is dropped, may give back what it left on
+    /// the server, after the fact. So a retry asks with a fresh owner, as the
+    /// default wait does. Under the same owner, a give-back that a reconnect
+    /// delays could end the retry's grant.
+    ///
+    /// A grant `owner` already has may be granted anew, for `ttl` and with a
+    /// fresh, higher token. That is an earlier attempt that succeeded though
+    /// its caller saw an error, and that was not given back. A backend that
+    /// cannot tell it from another owner's grant answers `Contended`, and the
+    /// grant lapses with its TTL.
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant>;
 
     /// Waits for the grant until `wait.until`. The default polls

@@ -8,17 +8,16 @@
 //! request, and disarms it once the answer is back; dropped armed, it
 //! releases what the request may have been granted, at once.
 //!
-//! Only a dropped acquire is given back. One that answers with an error
-//! (a reply lost or late) is not: the caller's waiting loop tries again
-//! with the same owner token, and a release that ran after that next try
-//! could delete its grant. A later try by the same owner takes such a
-//! grant over, and otherwise its TTL bounds it. Once an attempt is
-//! dropped nothing uses its owner token again (an owner token lives for
-//! one call of the [`Locker`](crate::Locker)), so a release naming that
-//! owner deletes that grant or nothing, provided it runs after the
-//! acquire: how the backend orders the two is its part. Where the release
-//! cannot be sent (the server unreachable, no runtime left), the grant's
-//! TTL still bounds it.
+//! A backend may also give back an acquire that answers with an error (a
+//! reply lost or late), where it can order the release after the acquire.
+//! Once an attempt has ended, nothing uses its owner token again. A dropped
+//! attempt ends its [`Locker`](crate::Locker) call, and a waiting loop asks
+//! each retry with a fresh owner
+//! ([`poll_until_granted`](crate::wait::poll_until_granted)). So a release
+//! naming that owner deletes that grant or nothing, provided it runs after
+//! the acquire; how the backend orders the two is its part. Where the
+//! release cannot be sent (the server unreachable, no runtime left), the
+//! grant's TTL still bounds it.
 
 /// Runs its give-back when dropped, unless [`disarm`](Self::disarm)ed
 /// first: the acquire's outcome reached its caller.
@@ -36,9 +35,9 @@ impl<F: FnOnce()> GiveBack<F> {
         }
     }
 
-    /// The acquire's answer, whatever it is, is in its caller's hands: a
-    /// grant is the caller's to release; after an error the caller may try
-    /// again with the same owner, which must not find its grant released.
+    /// The acquire's answer is in its caller's hands: a grant is the
+    /// caller's to release. A refusal held nothing. After an error, a
+    /// backend that cannot order a release after the acquire disarms it too.
     pub fn disarm(mut self) {
         self.give_back = None;
     }

@@ -27,6 +27,11 @@ pub struct Grant {
     pub extra_margin: Duration,
     /// Backend-private state kept in the lease.
     pub state: Option<LeaseState>,
+    /// The owner the grant was made for, when it is not the one the backend
+    /// was asked with: the default wait asks each retry with a fresh owner
+    /// (see [`poll_until_granted`](crate::wait::poll_until_granted)). The
+    /// lease takes it.
+    pub owner: Option<OwnerToken>,
 }
 
 impl Grant {
@@ -37,7 +42,15 @@ impl Grant {
             sent_at: None,
             extra_margin: Duration::ZERO,
             state: None,
+            owner: None,
         }
+    }
+
+    /// Records that the grant was made for `owner`, not for the owner the
+    /// backend was asked with.
+    pub fn for_owner(mut self, owner: OwnerToken) -> Self {
+        self.owner = Some(owner);
+        self
     }
 
     /// Records when the winning request was sent.

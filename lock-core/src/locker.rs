@@ -145,6 +145,8 @@ impl Locker {
             // Backends that wait in the server report when the winning request
             // went out; otherwise the start of the wait is the safe bound.
             grant.sent_at.get_or_insert(started);
+            // A retry of the wait may have won with an owner of its own.
+            let owner = grant.owner.take().unwrap_or(owner);
             self.lease_from(key, owner, ttl, grant).await
         }
         .instrument(span)

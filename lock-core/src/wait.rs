@@ -87,6 +87,14 @@ pub(crate) async fn attempt<B: LockBackend + ?Sized>(
 ///
 /// An unreachable backend is retried like contention until the wait ends;
 /// the last such error is returned then, since it says more than "timed out".
+///
+/// Each retry asks with a fresh owner token, and a grant won by one says so
+/// ([`Grant::owner`]). An attempt that fails may leave grants that are
+/// released after it: Redlock's minority grants, an acquire that the server
+/// runs after its response timeout. Such a release is queued before the
+/// retry, but a connection that fails and reconnects in between can deliver
+/// it after the retry's grant. Under the same owner it would end that
+/// grant; under another it finds nothing of its own.
 pub async fn poll_until_granted<B: LockBackend + ?Sized>(
     backend: &B,
     key: &LockKey,
@@ -96,6 +104,9 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
 ) -> Result<Grant> {
     let mut tries: u32 = 0;
     let mut subscribed = false;
+    // The owner of a retry, fresh for each; the first attempt asks with the
+    // caller's.
+    let mut fresh: Option<OwnerToken> = None;
     loop {
         // The first attempt goes out unsubscribed, so an uncontended acquire
         // pays for no subscription. After a refusal, subscribe and attempt
@@ -106,12 +117,19 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
         } else {
             None
         };
-        let (hint, last_error) = match attempt(backend, key, owner, ttl).await {
-            Ok(grant) => return Ok(grant),
+        let outcome = attempt(backend, key, fresh.as_ref().unwrap_or(owner), ttl).await;
+        let (hint, last_error) = match outcome {
+            Ok(grant) => {
+                return Ok(match fresh {
+                    Some(won) => grant.for_owner(won),
+                    None => grant,
+                });
+            }
             Err(Error::Contended { remaining, .. }) => (remaining, None),
             Err(e @ Error::Unavailable { .. }) => (None, Some(e)),
             Err(e) => return Err(e),
         };
+        fresh = Some(OwnerToken::random());
         let now = Instant::now();
         if now >= wait.until {
             return Err(last_error.unwrap_or_else(|| wait.timed_out(key)));

@@ -108,3 +108,51 @@ async fn grants_expire_on_tokios_clock() {
             .is_ok()
     );
 }
+
+/// A wait retries with a fresh owner after an attempt that failed, so that
+/// nothing given back for that attempt (a late release of its owner's
+/// grant) can end the retry's grant. The grant says whose it is, and the
+/// lease built from it releases it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_wait_retries_with_a_fresh_owner_and_the_lease_is_the_winners() {
+    let (memory, locker) = setup();
+    let key = locker.key("k").unwrap();
+    let asked = lock_core::OwnerToken::random();
+    memory.set_unavailable(true);
+    let back_up = {
+        let memory = memory.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            memory.set_unavailable(false);
+        })
+    };
+    let waiting = lock_core::Waiting {
+        started: tokio::time::Instant::now(),
+        until: tokio::time::Instant::now() + LONG,
+        backoff: lock_core::Backoff::default(),
+    };
+    let grant = lock_core::wait::poll_until_granted(&memory, &key, &asked, LONG, &waiting)
+        .await
+        .expect("granted once the backend is back");
+    back_up.await.unwrap();
+    let won = grant.owner.clone().expect("won by a retry's owner");
+    assert_ne!(won, asked, "the retry asked with the first attempt's owner");
+    assert_eq!(memory.holder_token("k"), Some(grant.token));
+
+    // Through the Locker: the lease is the retry's, so it releases.
+    memory.set_unavailable(true);
+    let back_up = {
+        let memory = memory.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            memory.set_unavailable(false);
+        })
+    };
+    let lease = locker.acquire("k2", LONG, LONG).await.expect("granted");
+    back_up.await.unwrap();
+    locker
+        .release(lease)
+        .await
+        .expect("the lease names the owner that won");
+    assert_eq!(memory.holder_token("k2"), None);
+}

@@ -270,21 +270,24 @@ impl RedisBackend {
                 let claim = Claim::new(keys, owner);
                 let give_back = GiveBack::armed(|| drop(batcher.release(claim.clone(), 0)));
                 let reply = batcher.acquire(claim.clone(), ttl, others_wait).await;
-                // An acquire answered with an error is not given back, though
-                // the server may run it late: the waiting loop retries with the same
-                // owner, and if the release failed in a way that makes the
-                // connection reconnect while its bytes still wait at the
-                // server, the retry's grant on the new connection could come
-                // first and the release would end it. The TTL bounds the late
-                // grant, and the retry takes it over.
-                give_back.disarm();
+                // Answered with an error, the acquire is given back too: after
+                // a response timeout the server may still run it, and grant a
+                // lock its caller never learns of. The release goes out behind
+                // it. It cannot end a retry's grant, as the waiting loop asks
+                // each retry with a fresh owner (see `poll_until_granted`).
+                if reply.is_ok() {
+                    give_back.disarm();
+                }
                 reply
             }
             None => {
                 let give_back = GiveBack::armed(|| self.give_back_on_cluster(&keys, owner));
                 let conn = &mut self.inner.conn.clone();
                 let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
-                give_back.disarm();
+                // As on one server: an error gives the acquire back too.
+                if reply.is_ok() {
+                    give_back.disarm();
+                }
                 reply
             }
         }

@@ -508,6 +508,48 @@ async fn a_server_that_stops_answering_makes_operations_unavailable_within_the_r
 }
 
 #[tokio::test]
+async fn an_acquire_the_server_runs_after_its_response_timeout_is_given_back() {
+    let server = RedisServer::start().expect("start redis");
+    let url = format!("{}?timeout_ms=500", server.url());
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    // The script is loaded now, so the late acquire below finds it and grants.
+    let warm_up = locker.try_acquire("warm-up", TTL).await.unwrap();
+    locker.release(warm_up).await.unwrap();
+    let scripts_run = server.command_calls("evalsha").unwrap();
+
+    // Stopped, the server leaves the acquire unanswered past its timeout,
+    // then runs it once it continues: a grant its caller never learns of,
+    // for ten minutes unless the backend gives it back.
+    server.pause().unwrap();
+    let err = locker
+        .try_acquire("late", Duration::from_secs(600))
+        .await
+        .unwrap_err();
+    server.resume().unwrap();
+    assert!(err.is_unavailable(), "{err}");
+    timeout(Duration::from_secs(10), async {
+        while server.command_calls("evalsha").unwrap() == scripts_run {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the server runs the acquire once it continues");
+
+    let other = Locker::new(connect(&server).await);
+    timeout(Duration::from_secs(10), async {
+        loop {
+            match other.try_acquire("late", TTL).await {
+                Ok(lease) => return lease,
+                Err(Error::Contended { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the late grant was given back, not left for its 10 minutes");
+}
+
+#[tokio::test]
 async fn a_wrong_password_is_an_auth_error_without_the_password() {
     let server = RedisServer::start().expect("start redis");
     server
