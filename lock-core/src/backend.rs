@@ -42,9 +42,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// remaining TTL when known; never waits for the holder.
     ///
     /// An attempt that fails, or is dropped, may give back what it left on
-    /// the server, after the fact. So a retry asks with a fresh owner, as the
-    /// default wait does. Under the same owner, a give-back that a reconnect
-    /// delays could end the retry's grant.
+    /// the server, after the fact. So a caller that retries should ask with
+    /// a fresh owner, as the default wait does. Under the same owner, a
+    /// give-back that a reconnect delays could end the retry's grant.
     ///
     /// A grant `owner` already has may be granted anew, for `ttl` and with a
     /// fresh, higher token. That is an earlier attempt that succeeded though
@@ -57,7 +57,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// [`try_acquire`](Self::try_acquire) with jittered backoff, woken early
     /// by [`on_release`](Self::on_release). Backends that can wait in the
     /// server (a queue, a blocking statement) override it; they set
-    /// [`Grant::sent_at`] to when the winning request was sent.
+    /// [`Grant::sent_at`] to when the winning request was sent. A grant won
+    /// by a retry under an owner of its own says so in [`Grant::owner`], and
+    /// a lease for it must be built with that owner.
     async fn acquire(
         &self,
         key: &LockKey,

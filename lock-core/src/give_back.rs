@@ -9,15 +9,14 @@
 //! releases what the request may have been granted, at once.
 //!
 //! A backend may also give back an acquire that answers with an error (a
-//! reply lost or late), where it can order the release after the acquire.
-//! Once an attempt has ended, nothing uses its owner token again. A dropped
-//! attempt ends its [`Locker`](crate::Locker) call, and a waiting loop asks
-//! each retry with a fresh owner
+//! reply lost or late). Once an attempt has ended, nothing uses its owner
+//! token again. A dropped attempt ends its [`Locker`](crate::Locker) call,
+//! and a waiting loop asks each retry with a fresh owner
 //! ([`poll_until_granted`](crate::wait::poll_until_granted)). So a release
-//! naming that owner deletes that grant or nothing, provided it runs after
-//! the acquire; how the backend orders the two is its part. Where the
-//! release cannot be sent (the server unreachable, no runtime left), the
-//! grant's TTL still bounds it.
+//! naming that owner deletes that grant or nothing, whenever it lands. If it
+//! runs before the acquire (the backend orders the two where it can), or if
+//! it cannot be sent (the server unreachable, no runtime left), the grant's
+//! TTL bounds it.
 
 /// Runs its give-back when dropped, unless [`disarm`](Self::disarm)ed
 /// first: the acquire's outcome reached its caller.
@@ -36,8 +35,7 @@ impl<F: FnOnce()> GiveBack<F> {
     }
 
     /// The acquire's answer is in its caller's hands: a grant is the
-    /// caller's to release. A refusal held nothing. After an error, a
-    /// backend that cannot order a release after the acquire disarms it too.
+    /// caller's to release, and a refusal held nothing.
     pub fn disarm(mut self) {
         self.give_back = None;
     }

@@ -71,10 +71,12 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// so it wakes one waiter, not one per node. A fencing token is no secret
 /// (resources are given it); the owner token is never published.
 ///
-/// An acquire that finds its own owner's grant (an earlier attempt that ran,
-/// though its caller saw an error and tried again) grants it anew, for the
-/// TTL asked now and with a fresh token: without that, a caller retrying
-/// after a timeout would wait for its own grant to expire.
+/// An acquire that finds its own owner's grant grants it anew, for the TTL
+/// asked now and with a fresh token. That grant is an earlier run of the
+/// same request: the cluster client sends an acquire again after a lost
+/// connection or a redirect, or a caller of the backend retries with the
+/// same owner after a timeout. Without this, such a caller would wait for
+/// its own grant to expire.
 ///
 /// Returns one integer per operation, in an array (a batch of one: the
 /// integer alone, which is cheaper for the server to send). Acquire: the

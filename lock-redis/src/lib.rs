@@ -308,7 +308,7 @@ impl RedisBackend {
         runtime.spawn(async move {
             if let Err(e) = scripts::release(&mut conn, &keys, &owner, 0).await {
                 let error = map_error(backend, &endpoint, e);
-                tracing::debug!(%error, "could not give back an unanswered acquire; its TTL bounds it");
+                tracing::debug!(%error, "could not give back an acquire that won no lease; its TTL bounds it");
             }
         });
     }
