@@ -109,6 +109,16 @@ async fn grants_expire_on_tokios_clock() {
     );
 }
 
+/// Makes the backend unavailable now and available again after `d`.
+fn unavailable_for(memory: &MemoryBackend, d: Duration) -> tokio::task::JoinHandle<()> {
+    memory.set_unavailable(true);
+    let memory = memory.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        memory.set_unavailable(false);
+    })
+}
+
 /// A wait retries with a fresh owner after an attempt that failed, so that
 /// nothing given back for that attempt (a late release of its owner's
 /// grant) can end the retry's grant. The grant says whose it is, and the
@@ -118,14 +128,7 @@ async fn a_wait_retries_with_a_fresh_owner_and_the_lease_is_the_winners() {
     let (memory, locker) = setup();
     let key = locker.key("k").unwrap();
     let asked = lock_core::OwnerToken::random();
-    memory.set_unavailable(true);
-    let back_up = {
-        let memory = memory.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            memory.set_unavailable(false);
-        })
-    };
+    let back_up = unavailable_for(&memory, Duration::from_millis(100));
     let waiting = lock_core::Waiting {
         started: tokio::time::Instant::now(),
         until: tokio::time::Instant::now() + LONG,
@@ -140,14 +143,7 @@ async fn a_wait_retries_with_a_fresh_owner_and_the_lease_is_the_winners() {
     assert_eq!(memory.holder_token("k"), Some(grant.token));
 
     // Through the Locker: the lease is the retry's, so it releases.
-    memory.set_unavailable(true);
-    let back_up = {
-        let memory = memory.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            memory.set_unavailable(false);
-        })
-    };
+    let back_up = unavailable_for(&memory, Duration::from_millis(100));
     let lease = locker.acquire("k2", LONG, LONG).await.expect("granted");
     back_up.await.unwrap();
     locker
