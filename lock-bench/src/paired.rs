@@ -111,29 +111,24 @@ pub async fn all(
         if !(wanted(lab_subject(a)) && wanted(lab_subject(b))) {
             continue;
         }
-        let workers = match runtime {
-            ClientRuntime::Lab => tokio::runtime::Handle::current().metrics().num_workers(),
-            ClientRuntime::OneWorker => 1,
+        let (workers, label) = match runtime {
+            ClientRuntime::Lab => (
+                tokio::runtime::Handle::current().metrics().num_workers(),
+                "lab",
+            ),
+            ClientRuntime::OneWorker => (1, "own1"),
         };
         let on = runtime.describe(workers);
         let _step = progress.step(format!(
             "paired rounds: {a} and {b}, {tasks} tasks, on {on}"
         ));
-        let label = match runtime {
-            ClientRuntime::Lab => "lab",
-            ClientRuntime::OneWorker => "own1",
-        };
         let prefix = format!("{prefix}/{a}-{b}-{tasks}-{label}").replace([' ', '(', ')'], "");
         let job = move || async move { compare(a, b, tasks, metric, rounds, phase, &prefix).await };
         let ran = match runtime {
             ClientRuntime::Lab => Ok(job().await),
             ClientRuntime::OneWorker => on_one_worker(job).await,
         };
-        let mut paired = ran.unwrap_or_else(|e| {
-            let mut failed = Paired::new(a, b, tasks, metric);
-            failed.errors.push(e);
-            failed
-        });
+        let mut paired = ran.unwrap_or_else(|e| Paired::failed(a, b, tasks, metric, [e]));
         paired.runtime = runtime;
         paired.client_workers = workers;
         out.push(paired);
@@ -178,11 +173,8 @@ async fn compare(
     let clients = match (client(a).await, client(b).await) {
         (Ok(x), Ok(y)) => (x, y),
         (x, y) => {
-            let mut failed = Paired::new(a, b, tasks, metric);
-            failed
-                .errors
-                .extend([x.err(), y.err()].into_iter().flatten());
-            return failed;
+            let errors = [x.err(), y.err()].into_iter().flatten();
+            return Paired::failed(a, b, tasks, metric, errors);
         }
     };
     // Both clients of a throughput comparison use the same servers.
@@ -314,6 +306,19 @@ impl Paired {
             server_us_per_pair: None,
             client_us_per_pair: None,
         }
+    }
+
+    /// A comparison that could not run, and why.
+    fn failed(
+        subject: &str,
+        against: &str,
+        tasks: usize,
+        metric: Metric,
+        errors: impl IntoIterator<Item = String>,
+    ) -> Paired {
+        let mut failed = Paired::new(subject, against, tasks, metric);
+        failed.errors.extend(errors);
+        failed
     }
 
     /// The median of the per-round ratios.

@@ -39,6 +39,16 @@ impl<F: FnOnce()> GiveBack<F> {
     pub fn disarm(mut self) {
         self.give_back = None;
     }
+
+    /// Disarms it if the acquire was answered (granted or refused). After an
+    /// error the server may still run the acquire, so the give-back runs
+    /// when this guard is dropped: safe, as nothing asks with that owner
+    /// again.
+    pub fn disarm_if_answered<T, E>(self, reply: &std::result::Result<T, E>) {
+        if reply.is_ok() {
+            self.disarm();
+        }
+    }
 }
 
 impl<F: FnOnce()> Drop for GiveBack<F> {
@@ -62,5 +72,14 @@ mod tests {
         assert_eq!(given.get(), 1);
         GiveBack::armed(|| given.set(given.get() + 1)).disarm();
         assert_eq!(given.get(), 1);
+    }
+
+    #[test]
+    fn an_answer_disarms_and_an_error_gives_back() {
+        let given = Cell::new(0);
+        GiveBack::armed(|| given.set(given.get() + 1)).disarm_if_answered(&Ok::<(), ()>(()));
+        assert_eq!(given.get(), 0, "answered: nothing to give back");
+        GiveBack::armed(|| given.set(given.get() + 1)).disarm_if_answered(&Err::<(), ()>(()));
+        assert_eq!(given.get(), 1, "an error: given back");
     }
 }

@@ -275,9 +275,7 @@ impl RedisBackend {
                 // lock its caller never learns of. The release goes out behind
                 // it. It cannot end a retry's grant, as the waiting loop asks
                 // each retry with a fresh owner (see `poll_until_granted`).
-                if reply.is_ok() {
-                    give_back.disarm();
-                }
+                give_back.disarm_if_answered(&reply);
                 reply
             }
             None => {
@@ -285,9 +283,7 @@ impl RedisBackend {
                 let conn = &mut self.inner.conn.clone();
                 let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
                 // As on one server: an error gives the acquire back too.
-                if reply.is_ok() {
-                    give_back.disarm();
-                }
+                give_back.disarm_if_answered(&reply);
                 reply
             }
         }
