@@ -14,7 +14,11 @@ pub type LeaseState = Arc<dyn Any + Send + Sync>;
 
 /// What a backend returns for a successful grant. The contract layer turns
 /// it into a [`Lease`], computing the deadline.
+///
+/// Built with [`Grant::new`] and its builder methods, never field by field:
+/// fields may be added, as [`owner`](Grant::owner) was.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Grant {
     /// The grant's fencing token.
     pub token: FencingToken,

@@ -22,9 +22,11 @@ async fn assert_contended(fx: &Fixture, key: &str, what: &str) {
     }
 }
 
-/// `locker` finds `key` held, by a grant with more than `at_least` left on
-/// the server where the backend reports it: the server took an extend.
+/// `locker` finds `key` held and, where the backend reports the remaining
+/// TTL, by a grant with more than `at_least` left on the server: the server
+/// took an extend.
 async fn assert_held_for_more_than(locker: &Locker, key: &str, at_least: Duration, what: &str) {
+    let reports = locker.capabilities().reports_remaining_ttl;
     match locker.try_acquire(key, LONG_TTL).await {
         Err(Error::Contended {
             remaining: Some(left),
@@ -35,7 +37,10 @@ async fn assert_held_for_more_than(locker: &Locker, key: &str, at_least: Duratio
         ),
         Err(Error::Contended {
             remaining: None, ..
-        }) => {}
+        }) => assert!(
+            !reports,
+            "{what}: the backend claims to report the remaining TTL, and did not"
+        ),
         other => panic!("{what}: expected contended, got {other:?}"),
     }
 }
