@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use lock_redis_wire::scripts::{self, Operation, TokenRule};
 use lock_redis_wire::{KeyLayout, Scripts};
 use serde::Serialize;
 use tokio::process::Command;
@@ -70,11 +71,28 @@ const OWNER: &str = "0123456789abcdef0123456789abcdef";
 /// The redis-benchmark method, for the report.
 pub fn redis_method() -> String {
     format!(
-        "redis-benchmark -c T -n N [-P 16] -r 100000000 EVALSHA <batch script {}> 2 lockkit:fence lockkit:{{bench/__rand_int__}} shared-clock-floor 10000 <owner> (one acquire), then EVALSHA <batch script> 2 lockkit:fence lockkit:{{bench/__rand_int__}} shared-clock-floor R <owner> 0 (one release); \
+        "redis-benchmark -c T -n N [-P 16] -r 100000000 {} (one acquire), then {} (one release); \
          acquire runs the granted path on fresh keys, release the owner-mismatch path (GET and compare only, so the bound is on the generous side); pairs/s = 1/(1/acquire + 1/release). \
          One operation per call: the backend's coalescing of concurrent callers into one call is what lets it pass this bound",
-        &Scripts::get().batch.get_hash()[..8],
+        shown(&benchmark_command(RANDOM_KEY, ACQUIRE)),
+        shown(&benchmark_command(RANDOM_KEY, RELEASE)),
     )
+}
+
+/// A command as the method shows it: the script's hash shortened, the
+/// owner token named.
+fn shown(command: &[String]) -> String {
+    command
+        .iter()
+        .map(|arg| match arg.as_str() {
+            OWNER => "<owner>".to_owned(),
+            hash if hash == Scripts::get().batch.get_hash() => {
+                format!("<batch script {}>", &hash[..8])
+            }
+            other => other.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Loads the batch script on the server (EVALSHA needs it cached).
@@ -129,26 +147,32 @@ async fn redis_benchmark_once(
     Ok((num(1), num(4) * 1000.0))
 }
 
-/// The counter all locks on the lab's single Redis share (the default prefix).
-fn shared_counter() -> String {
-    KeyLayout::default().shared_counter()
-}
+/// The lock redis-benchmark draws at random for each request.
+const RANDOM_KEY: &str = "bench/__rand_int__";
 
-/// One acquire as lock-redis sends it for a 10 s TTL: token rule, then the
-/// TTL in ms and the owner.
-const ACQUIRE_ARGV: [&str; 3] = ["shared-clock-floor", "10000", OWNER];
+/// An acquire for a 10 s TTL, and a release, as the bound sends them.
+const ACQUIRE: Operation = Operation::Acquire {
+    ttl_ms: 10_000,
+    others_wait: false,
+};
+const RELEASE: Operation = Operation::Release { token: 0 };
 
-fn acquire_command(lock: &str) -> Vec<String> {
-    let s = Scripts::get();
-    let mut cmd: Vec<String> = vec![
-        "EVALSHA".into(),
-        s.batch.get_hash().into(),
-        "2".into(),
-        shared_counter(),
-        lock.into(),
-    ];
-    cmd.extend(ACQUIRE_ARGV.map(str::to_owned));
-    cmd
+/// One operation on `key` as lock-redis sends it alone (the batch script
+/// with the shared counter), as redis-benchmark's arguments.
+fn benchmark_command(key: &str, operation: Operation) -> Vec<String> {
+    let layout = KeyLayout::default();
+    let rule = TokenRule::SharedClockFloor {
+        counter: layout.shared_counter().into(),
+    };
+    let keys = layout.keys(key);
+    scripts::batch_command(&rule, &[(&keys, OWNER, operation)])
+        .args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            // The batch command has no cursor.
+            _ => "0".to_owned(),
+        })
+        .collect()
 }
 
 /// Runs the acquire script once with the benchmark's arguments and checks
@@ -157,23 +181,23 @@ fn acquire_command(lock: &str) -> Vec<String> {
 pub async fn check_acquire_args(
     conn: &mut redis::aio::MultiplexedConnection,
 ) -> Result<(), String> {
-    let key = format!(
-        "lockkit:{{bench/check-{:x}}}",
-        getrandom::u64().unwrap_or(0)
-    );
+    let key = format!("bench/check-{:x}", getrandom::u64().unwrap_or(0));
     let mut cmd = redis::cmd("EVALSHA");
-    for arg in &acquire_command(&key)[1..] {
+    for arg in &benchmark_command(&key, ACQUIRE)[1..] {
         cmd.arg(arg);
     }
     let reply: redis::Value = cmd
         .query_async(conn)
         .await
         .map_err(|e| format!("the acquire script refused the benchmark's arguments: {e}"))?;
-    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&key).query_async(conn).await;
+    let _: redis::RedisResult<()> = redis::cmd("DEL")
+        .arg(KeyLayout::default().keys(&key).lock)
+        .query_async(conn)
+        .await;
     match reply {
         redis::Value::Int(n) if n > 0 => Ok(()),
         other => Err(format!(
-            "the acquire script did not grant with the benchmark's arguments ({other:?}); update ACQUIRE_ARGV"
+            "the acquire script did not grant with the benchmark's arguments ({other:?})"
         )),
     }
 }
@@ -184,22 +208,8 @@ pub async fn redis_point(
     tasks: usize,
     requests: u64,
 ) -> Result<BoundPoint, String> {
-    let s = Scripts::get();
-    let acquire = acquire_command("lockkit:{bench/__rand_int__}");
-    let counter = shared_counter();
-    let release: Vec<String> = [
-        "EVALSHA",
-        s.batch.get_hash(),
-        "2",
-        &counter,
-        "lockkit:{bench/__rand_int__}",
-        "shared-clock-floor",
-        "R",
-        OWNER,
-        "0",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let acquire = benchmark_command(RANDOM_KEY, ACQUIRE);
+    let release = benchmark_command(RANDOM_KEY, RELEASE);
     let (a, a_p50) = redis_benchmark_once(host_port, tasks, requests, 1, &acquire).await?;
     let (r, _) = redis_benchmark_once(host_port, tasks, requests, 1, &release).await?;
     let (ap, _) = redis_benchmark_once(host_port, tasks, requests * 4, 16, &acquire).await?;

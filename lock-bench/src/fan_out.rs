@@ -12,7 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use lock_redis_wire::scripts::{BATCH_LUA, Scripts, TokenRule};
+use lock_redis_wire::KeyLayout;
+use lock_redis_wire::scripts::{self, BATCH_LUA, Operation, TokenRule};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -105,13 +106,17 @@ pub async fn floor(single: &str, nodes: &[String], rounds: usize) -> Result<FanO
 /// Redlock's acquire and release of `key` (the lab's prefix), as RESP.
 fn acquire_and_release(key: &str) -> (Vec<u8>, Vec<u8>) {
     const OWNER: &str = "0123456789abcdef0123456789abcdef";
-    let sha = Scripts::get().batch.get_hash();
-    let rule = TokenRule::CounterFirst.as_arg();
-    let lock = format!("lockkit:{{{key}}}");
-    let counter = format!("{lock}:fence");
+    let keys = KeyLayout::default().keys(key);
+    let one = |operation| {
+        scripts::batch_command(&TokenRule::CounterFirst, &[(&keys, OWNER, operation)])
+            .get_packed_command()
+    };
     (
-        command(&["EVALSHA", sha, "2", &lock, &counter, rule, "10000", OWNER]),
-        command(&["EVALSHA", sha, "1", &lock, rule, "R", OWNER, "0"]),
+        one(Operation::Acquire {
+            ttl_ms: 10_000,
+            others_wait: false,
+        }),
+        one(Operation::Release { token: 0 }),
     )
 }
 

@@ -16,18 +16,19 @@
 //!   Tokens track the clock: a counter per lock moves to the clock at each
 //!   grant (a script runs for well over a microsecond, so no key is granted
 //!   more than once per microsecond), and a shared counter runs ahead of
-//!   the clock by at most the grants of one call (128 µs at most), far less
-//!   than any restart takes.
+//!   the clock by at most the operations of one call (128 µs at most), far
+//!   less than any restart takes.
 //!
 //! Where the counter lives is the [`TokenRule`]'s choice:
 //! - a single server keeps **one counter for all its locks**
 //!   ([`TokenRule::SharedClockFloor`]): however many locks a call grants,
-//!   it reads the counter with one `SET ... GET` (which also moves it up to
-//!   the clock) at its first grant (a refused acquire leaves it alone),
-//!   and writes it once more at its end only if its tokens went past that
-//!   clock reading. The counter has no TTL: it is one key, and while it
-//!   lives it also covers a clock that steps back. A holder's token is then
-//!   known to the holder only (the operator's view shows none);
+//!   it reads the counter with one `SET ... GET` at its first grant (a
+//!   refused acquire leaves it alone), which also moves it past every
+//!   token the call may still hand out (the clock reading plus one per
+//!   operation left); a second write follows only when the counter was
+//!   already ahead of the clock. The counter has no TTL: it is one key,
+//!   and while it lives it also covers a clock that steps back. A holder's
+//!   token is then known to the holder only (the operator's view shows none);
 //! - a lock on Redis Cluster keeps **a counter of its own** in its hash slot
 //!   ([`TokenRule::ClockFloor`]), since one call may only touch one slot. It
 //!   only has to live until the server's clock passes its value, and is
@@ -54,12 +55,16 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 ///
 /// `ARGV[1]` says how tokens are taken (see [`TokenRule`]): `clock-floor`,
 /// `counter-first` or `shared-clock-floor`; with `shared-clock-floor`,
-/// `KEYS[1]` is the shared counter. Then each operation, in order:
-/// - acquire: `ARGV` TTL in ms, owner token, or `W`, TTL in ms, owner token
-///   when others are known to wait; `KEYS` lock, then its own counter
-///   unless the counter is shared;
-/// - release: `ARGV` `R`, owner token, the grant's fencing token (`0` when
+/// `KEYS[1]` is the shared counter. `ARGV[2]` names the operations, one
+/// letter each, and `ARGV[3]` is the TTL in ms of the acquires that name
+/// none. Then each operation's arguments and keys, in order:
+/// - acquire, `a` (or `w` when others are known to wait for the lock):
+///   `ARGV` owner token; `A` (or `W`): `ARGV` TTL in ms, owner token;
+///   `KEYS` lock, then its own counter unless the counter is shared;
+/// - release, `r`: `ARGV` owner token, the grant's fencing token (`0` when
 ///   unknown); `KEYS` lock.
+///
+/// [`batch_command`] writes them.
 ///
 /// A release is published only when someone waits for the lock: a grant's
 /// value is its owner token, followed by `+` once an acquire was refused on
@@ -90,22 +95,34 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 ///
 /// A granted acquire makes, on the common path, with a shared counter:
 /// `SET NX PX GET` (whose answer, when refused, is the holder's value), and
-/// once per batch `TIME`, `SET ... GET` on the counter
-/// (which reads the old value in the same call) and, when the batch granted
-/// more than one lock, a last `SET` of the highest token. With a counter
-/// per lock: `SET NX PX GET`, `TIME` (once per batch) and `SET ... GET` on the
-/// lock's counter. One clock reading serves a batch: batches run one after
-/// another for well over a microsecond, and a key granted twice in one
-/// batch finds its counter at the clock reading, so its second token is
-/// above the first.
+/// once per batch `TIME` and `SET ... GET` on the counter, which reads the
+/// old value and moves the counter past every token the batch may still
+/// hand out in the same call. With a counter per lock: `SET NX PX GET`,
+/// `TIME` (once per batch) and `SET ... GET` on the lock's counter (Redis
+/// Cluster), or `INCR` (Redlock). One clock reading serves a batch: batches
+/// run one after another for well over a microsecond, and a key granted
+/// twice in one batch finds its counter at the clock reading, so its
+/// second token is above the first.
+///
+/// The script is written for the server's cost per operation, which the
+/// lab counts (`lockctl bench`): operations share one letter string and
+/// one TTL, the common paths are inline, and functions are made only where
+/// they are used (the server makes a script's functions anew at every
+/// call, and a call into one costs it about as much as an argument).
 pub const BATCH_LUA: &str = r#"
--- Three small functions and one pcall per operation: a script's local
--- functions are made anew at every call, so the paths taken by every call
--- are written inline. An operation that fails (a key of the wrong type, a
--- write the server refuses) answers its error and spoils no other.
-local rule = ARGV[1]
+-- The operations, in order: ARGV[2] names them, one letter each, and their
+-- arguments follow ARGV[3] (see the Rust docs). The server pays for every
+-- function this script makes (at every call) and for every call into one
+-- about what it pays for a lock's argument: the common path of each
+-- operation is written inline, and a function is made only where it is
+-- used. An operation that fails (a key of the wrong type, a write the
+-- server refuses) answers its error and spoils no other: calls that can
+-- fail go through redis.pcall or pcall.
+local rule, ops, batch_ttl = ARGV[1], ARGV[2], ARGV[3]
 local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
+local n = #ops
+
 -- The clock, read once per batch where a token needs it: in µs, and as
 -- decimal text.
 local now, now_text
@@ -116,119 +133,150 @@ local function read_clock()
     now_text = t[1] .. string.sub('00000' .. t[2], -6)
   end
 end
--- The shared counter: the last token handed out, once it was read.
+
+-- The first token of a grant that `last` does not follow (see below).
+local first_token
+if shared then
+  -- One counter for every lock (KEYS[1]), read at the batch's first grant
+  -- and moved, in one write, past every token the batch may still hand
+  -- out (`left`: one per operation left). Its later grants follow on.
+  first_token = function(_, _, left)
+    read_clock()
+    local top = now_text
+    -- string.format only when needed: it costs more than an argument.
+    if left > 1 then top = string.format('%.0f', now + left - 1) end
+    local old = tonumber(redis.call('SET', KEYS[1], top, 'GET'))
+    if old and old >= now then
+      -- Ahead of the clock (a write-back, or a batch less than `left` µs
+      -- ago): stay above it.
+      redis.call('SET', KEYS[1], string.format('%.0f', old + left))
+      return old + 1
+    end
+    return now
+  end
+else
+  -- A counter of the lock's own (Redis Cluster, Redlock), kept while it
+  -- tracks the clock, plus the TTL and a second.
+  first_token = function(counter, ttl)
+    if counter_first then
+      local token = redis.call('INCR', counter)
+      -- 1: there was no counter; seed it from the clock below.
+      if token ~= 1 then return token end
+    end
+    read_clock()
+    local keep = ttl + 1000
+    local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
+    if old and old >= now then
+      -- The counter is ahead of the clock (a write-back, or a grant in the
+      -- same microsecond): stay above it, and keep it until the clock has
+      -- passed it.
+      local token = old + 1
+      redis.call('SET', counter, string.format('%.0f', token), 'PX',
+        keep + math.floor((token - now) / 1000))
+      return token
+    end
+    return now
+  end
+end
+-- The shared counter's last token handed out, once read.
 local last
 
--- A grant's token.
-local function next_token(counter, ttl)
-  if shared then
-    -- Read (and moved up to the clock) at the batch's first grant, written
-    -- at its end. A refused acquire leaves it alone.
-    if not last then
-      read_clock()
-      local old = tonumber(redis.call('SET', KEYS[1], now_text, 'GET'))
-      last = (old and old >= now) and old or now - 1
-    end
-    last = last + 1
-    return last
-  end
-  -- A counter per lock, kept while it tracks the clock, plus the TTL and
-  -- a second.
-  if counter_first then
-    local token = redis.call('INCR', counter)
-    -- 1: there was no counter; seed it from the clock below.
-    if token ~= 1 then return token end
-  end
-  read_clock()
-  local keep = ttl + 1000
-  local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
-  if old and old >= now then
-    -- The counter is ahead of the clock (a write-back, or a grant in the
-    -- same microsecond): stay above it, and keep it until the clock has
-    -- passed it.
-    local token = old + 1
-    redis.call('SET', counter, string.format('%.0f', token), 'PX',
-      keep + math.floor((token - now) / 1000))
-    return token
-  end
-  return now
+-- An error, as an operation's answer.
+local function error_text(e)
+  return type(e) == 'table' and e.err or tostring(e)
 end
 
--- One operation: `op` is its first argument, at ARGV[a]; its lock is
--- KEYS[k]. A grant's value is the owner token, followed by '+' once
--- someone is known to wait for the lock; only then is its release
--- published.
-local function run(op, a, k)
+local out = {}
+local k, a = 1, 4
+if shared then k = 2 end
+for i = 1, n do
+  local op = string.byte(ops, i)
   local lock = KEYS[k]
-  if op == 'R' then
-    local owner = ARGV[a + 1]
-    local value = redis.call('GET', lock)
+  if op == 114 then
+    -- r: release. A grant's value is the owner token, followed by '+' once
+    -- someone is known to wait; only then is the release published, with
+    -- the grant's fencing token.
+    local owner = ARGV[a]
+    local value = redis.pcall('GET', lock)
     if value == owner then
       redis.call('DEL', lock)
-      return 1
-    end
-    if value and value == owner .. '+' then
+      out[i] = 1
+    elseif type(value) == 'table' then
+      out[i] = value.err
+    elseif value and value == owner .. '+' then
       redis.call('DEL', lock)
-      redis.call('PUBLISH', lock .. ':released', ARGV[a + 2])
-      return 1
+      redis.call('PUBLISH', lock .. ':released', ARGV[a + 1])
+      out[i] = 1
+    else
+      out[i] = 0
     end
-    return 0
-  end
-  local ttl, value = op, ARGV[a + 1]
-  if op == 'W' then ttl, value = ARGV[a + 1], ARGV[a + 2] .. '+' end
-  local holder = redis.call('SET', lock, value, 'NX', 'PX', ttl, 'GET')
-  if holder then
-    -- Whether the holder is the owner asking again (its earlier acquire
-    -- ran, but the caller saw an error and tried again).
-    local owner = value
-    if string.byte(value, -1) == 43 then owner = string.sub(value, 1, -2) end
-    if holder ~= owner and holder ~= owner .. '+' then
-      -- Refused: the holder's grant learns that someone waits; the answer
-      -- is the remaining TTL.
-      if string.byte(holder, -1) ~= 43 then
-        redis.call('SET', lock, holder .. '+', 'XX', 'KEEPTTL')
-      end
-      return -1 - redis.call('PTTL', lock)
-    end
-    -- Granted anew, for the TTL asked now, keeping its mark; a fresh token
-    -- follows, above the one nobody was handed.
-    if string.byte(holder, -1) == 43 then value = owner .. '+' end
-    redis.call('SET', lock, value, 'XX', 'PX', ttl)
-  end
-  -- The lock's own counter follows it, unless the counter is shared.
-  local counter = not shared and KEYS[k + 1] or nil
-  local ok, token = pcall(next_token, counter, ttl)
-  if not ok then
-    -- No token, no grant.
-    redis.call('DEL', lock)
-    error(token)
-  end
-  return token
-end
-
-local out, n, k, a = {}, 0, 1, 2
-if shared then k = 2 end
-local argc = #ARGV
-while a <= argc do
-  local op = ARGV[a]
-  local ok, answer = pcall(run, op, a, k)
-  if not ok then
-    answer = type(answer) == 'table' and answer.err or tostring(answer)
-  end
-  if op == 'R' then
-    k, a = k + 1, a + 3
+    k, a = k + 1, a + 2
   else
-    if op == 'W' then a = a + 1 end
+    -- a, w: acquire with the batch's TTL, w when others are known to wait;
+    -- A, W: the same with a TTL of their own, before the owner.
+    local ttl, owner = batch_ttl, ARGV[a]
+    local value = owner
+    if op == 97 then
+    elseif op == 119 then
+      value = owner .. '+'
+    elseif op == 65 or op == 87 then
+      a = a + 1
+      ttl, owner = owner, ARGV[a]
+      value = owner
+      if op == 87 then value = owner .. '+' end
+    else
+      return redis.error_reply('unknown operation ' .. string.char(op))
+    end
+    local counter
+    if not shared then counter = KEYS[k + 1] end
+    local holder = redis.pcall('SET', lock, value, 'NX', 'PX', ttl, 'GET')
+    local granted = not holder
+    if granted then
+    elseif type(holder) == 'table' then
+      out[i] = holder.err
+    else
+      local ok, answer = pcall(function()
+        if holder == owner or holder == owner .. '+' then
+          -- The owner asking again (its earlier acquire ran, but the
+          -- caller saw an error): granted anew, for the TTL asked now,
+          -- keeping the grant's mark, with a fresh token.
+          redis.call('SET', lock, holder, 'XX', 'PX', ttl)
+          return true
+        end
+        -- Refused: the holder's grant learns that someone waits; the
+        -- answer is the remaining TTL.
+        if string.byte(holder, -1) ~= 43 then
+          redis.call('SET', lock, holder .. '+', 'XX', 'KEEPTTL')
+        end
+        return -1 - redis.call('PTTL', lock)
+      end)
+      if not ok then
+        out[i] = error_text(answer)
+      elseif answer == true then
+        granted = true
+      else
+        out[i] = answer
+      end
+    end
+    if granted then
+      -- The grant's token. No token, no grant.
+      if last then
+        last = last + 1
+        out[i] = last
+      else
+        local ok, token = pcall(first_token, counter, ttl, n - i + 1)
+        if ok then
+          out[i] = token
+          if shared then last = token end
+        else
+          redis.call('DEL', lock)
+          out[i] = error_text(token)
+        end
+      end
+    end
     if shared then k = k + 1 else k = k + 2 end
-    a = a + 2
+    a = a + 1
   end
-  n = n + 1
-  out[n] = answer
-end
--- The shared counter already holds the clock reading (at least the old
--- value): only a higher token needs writing.
-if last and last > now then
-  redis.call('SET', KEYS[1], string.format('%.0f', last))
 end
 if n == 1 then
   if type(out[1]) == 'string' then return redis.error_reply(out[1]) end
@@ -318,8 +366,8 @@ pub enum TokenRule {
     /// `max(counter + 1, server clock in µs)` with one counter, this key
     /// ([`KeyLayout::shared_counter`](crate::KeyLayout::shared_counter)),
     /// for every lock on the server: one `SET ... GET` per call that
-    /// grants, and one `SET` at its end when its tokens passed the
-    /// clock, however many locks it grants. For a single server.
+    /// grants, however many locks it grants (and a second `SET` when the
+    /// counter was ahead of the clock). For a single server.
     SharedClockFloor {
         /// The shared counter's key.
         counter: Arc<str>,
@@ -401,18 +449,14 @@ fn millis(ttl: Duration) -> u64 {
     ttl.as_millis().clamp(1, u64::MAX as u128) as u64
 }
 
-/// Runs `operations` (lock keys, owner token in hex, what to do) in order
-/// in one `EVALSHA` of [`BATCH_LUA`], loading the script on `NOSCRIPT`.
-/// Returns one answer per operation (see [`BATCH_LUA`]): an integer, or the
-/// error of that operation alone.
-pub async fn run_batch<'a, C: ConnectionLike>(
-    conn: &mut C,
+/// The `EVALSHA` of [`BATCH_LUA`] that runs `operations` (lock keys, owner
+/// token in hex, what to do) in order, with its arguments as the script
+/// reads them. One command buffer, not `ScriptInvocation`'s vector per
+/// argument: a batch carries up to hundreds of arguments.
+pub fn batch_command(
     rule: &TokenRule,
-    operations: &[(&'a crate::LockKeys, &'a str, Operation)],
-) -> RedisResult<Vec<RedisResult<i64>>> {
-    // One command buffer, not ScriptInvocation's vector per argument: a
-    // batch carries up to hundreds of arguments.
-    let script = &SCRIPTS.batch;
+    operations: &[(&crate::LockKeys, &str, Operation)],
+) -> redis::Cmd {
     let shared = rule.shared_counter();
     // Each lock, and each acquire's own counter unless one is shared.
     let own_counters = shared.is_none();
@@ -424,8 +468,32 @@ pub async fn run_batch<'a, C: ConnectionLike>(
                 _ => 1,
             })
             .sum::<usize>();
+    // The TTL of the batch's first acquire serves every acquire that asks
+    // for the same: callers of one client mostly do.
+    let batch_ttl = operations
+        .iter()
+        .find_map(|(_, _, operation)| match operation {
+            Operation::Acquire { ttl_ms, .. } => Some(*ttl_ms),
+            Operation::Release { .. } => None,
+        })
+        .unwrap_or(0);
+    let letters: String = operations
+        .iter()
+        .map(|(_, _, operation)| match *operation {
+            Operation::Acquire {
+                ttl_ms,
+                others_wait,
+            } => match (ttl_ms == batch_ttl, others_wait) {
+                (true, false) => 'a',
+                (true, true) => 'w',
+                (false, false) => 'A',
+                (false, true) => 'W',
+            },
+            Operation::Release { .. } => 'r',
+        })
+        .collect();
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
+    cmd.arg(SCRIPTS.batch.get_hash()).arg(keys);
     if let Some(counter) = shared {
         cmd.arg(counter);
     }
@@ -435,25 +503,32 @@ pub async fn run_batch<'a, C: ConnectionLike>(
             cmd.arg(&keys.counter);
         }
     }
-    cmd.arg(rule.as_arg());
+    cmd.arg(rule.as_arg()).arg(letters).arg(batch_ttl);
     for (_, owner, operation) in operations {
-        match operation {
-            Operation::Acquire {
-                ttl_ms,
-                others_wait,
-            } => {
-                if *others_wait {
-                    cmd.arg("W");
+        match *operation {
+            Operation::Acquire { ttl_ms, .. } => {
+                if ttl_ms != batch_ttl {
+                    cmd.arg(ttl_ms);
                 }
-                cmd.arg(*ttl_ms)
+                cmd.arg(*owner)
             }
-            Operation::Release { .. } => cmd.arg("R"),
+            Operation::Release { token } => cmd.arg(*owner).arg(token),
         };
-        cmd.arg(*owner);
-        if let Operation::Release { token } = operation {
-            cmd.arg(*token);
-        }
     }
+    cmd
+}
+
+/// Runs `operations` (lock keys, owner token in hex, what to do) in order
+/// in one `EVALSHA` of [`BATCH_LUA`], loading the script on `NOSCRIPT`.
+/// Returns one answer per operation (see [`BATCH_LUA`]): an integer, or the
+/// error of that operation alone.
+pub async fn run_batch<'a, C: ConnectionLike>(
+    conn: &mut C,
+    rule: &TokenRule,
+    operations: &[(&'a crate::LockKeys, &'a str, Operation)],
+) -> RedisResult<Vec<RedisResult<i64>>> {
+    let script = &SCRIPTS.batch;
+    let cmd = batch_command(rule, operations);
     let reply: Value = match cmd.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script.load_async(conn).await?;

@@ -99,3 +99,98 @@ async fn an_owner_asking_again_is_granted_anew_with_a_higher_token() {
         );
     }
 }
+
+/// Acquires of different TTLs in one call, plain and waited for, under each
+/// way of taking tokens: the call names one TTL for all and gives the
+/// others their own, and each grant expires after its own.
+#[tokio::test(flavor = "current_thread")]
+async fn acquires_of_different_ttls_in_one_call_each_keep_their_own() {
+    let server = RedisServer::start().expect("start redis");
+    let mut conn = common::connect(&server).await;
+    let layout = KeyLayout::default();
+    let (short, long) = (Duration::from_secs(20), Duration::from_secs(600));
+    for (n, rule) in common::every_rule(&layout).iter().enumerate() {
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(|k| layout.keys(&format!("ttls/{n}/{k}")));
+        let owner = OwnerToken::random().to_hex();
+        let asked = [
+            (&a, short, false),
+            (&b, long, false),
+            (&c, long, true),
+            (&d, short, true),
+        ];
+        let operations: Vec<_> = asked
+            .iter()
+            .map(|(keys, ttl, waited)| (*keys, &owner, Operation::acquire(*ttl, *waited)))
+            .collect();
+        let tokens = common::answers(&mut conn, rule, &operations).await;
+        assert!(
+            tokens.iter().all(|t| *t >= 1),
+            "{rule:?}: not all granted: {tokens:?}"
+        );
+        for (keys, ttl, waited) in asked {
+            let pttl: u64 = server
+                .cli(&["PTTL", &keys.lock])
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let ttl = ttl.as_millis() as u64;
+            assert!(
+                pttl <= ttl && pttl > ttl - 10_000,
+                "{rule:?}: {} asked {ttl} ms and has {pttl} ms left",
+                keys.lock
+            );
+            let value = server.cli(&["GET", &keys.lock]).unwrap();
+            let marked = if waited { "+" } else { "" };
+            assert_eq!(
+                value.trim(),
+                format!("{owner}{marked}"),
+                "{rule:?}: {}",
+                keys.lock
+            );
+        }
+    }
+}
+
+/// A shared counter found ahead of the server's clock (written back, or
+/// left by a batch moments ago) is continued above: the call's tokens pass
+/// it and increase, and the counter covers the highest of them.
+#[tokio::test(flavor = "current_thread")]
+async fn a_shared_counter_ahead_of_the_clock_is_continued_above() {
+    let server = RedisServer::start().expect("start redis");
+    let mut conn = common::connect(&server).await;
+    let layout = KeyLayout::default();
+    let rule = TokenRule::SharedClockFloor {
+        counter: layout.shared_counter().into(),
+    };
+    // An hour ahead of the clock, in µs.
+    let time = server.cli(&["TIME"]).expect("TIME");
+    let seconds: u64 = time.lines().next().unwrap().trim().parse().unwrap();
+    let ahead = (seconds + 3600) * 1_000_000;
+    server
+        .cli(&["SET", &layout.shared_counter(), &ahead.to_string()])
+        .expect("SET");
+    let owner = OwnerToken::random().to_hex();
+    let keys: Vec<_> = (0..3).map(|i| layout.keys(&format!("ahead/{i}"))).collect();
+    let operations: Vec<_> = keys
+        .iter()
+        .map(|k| (k, &owner, Operation::acquire(TTL, false)))
+        .collect();
+    let tokens = common::answers(&mut conn, &rule, &operations).await;
+    let ahead = ahead as i64;
+    assert_eq!(
+        tokens,
+        [ahead + 1, ahead + 2, ahead + 3],
+        "the tokens do not continue the counter"
+    );
+    let counter: i64 = server
+        .cli(&["GET", &layout.shared_counter()])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        counter >= ahead + 3,
+        "counter {counter} below the last token"
+    );
+}
