@@ -239,8 +239,9 @@ for i = 1, n do
         if holder == owner or holder == owner .. '+' then
           -- The owner asking again (its earlier acquire ran, but the
           -- caller saw an error): granted anew, for the TTL asked now,
-          -- keeping the grant's mark, with a fresh token.
-          redis.call('SET', lock, holder, 'XX', 'PX', ttl)
+          -- marked if the grant or this acquire was, with a fresh token.
+          if string.byte(holder, -1) == 43 then value = holder end
+          redis.call('SET', lock, value, 'XX', 'PX', ttl)
           return true
         end
         -- Refused: the holder's grant learns that someone waits; the

@@ -194,3 +194,31 @@ async fn a_shared_counter_ahead_of_the_clock_is_continued_above() {
         "counter {counter} below the last token"
     );
 }
+
+/// An owner asking again, now saying that others wait, marks the grant it
+/// is granted anew, so that its release will publish.
+#[tokio::test(flavor = "current_thread")]
+async fn an_owner_asking_again_as_waited_for_marks_its_grant() {
+    let server = RedisServer::start().expect("start redis");
+    let mut conn = common::connect(&server).await;
+    let layout = KeyLayout::default();
+    for (n, rule) in common::every_rule(&layout).iter().enumerate() {
+        let keys = layout.keys(&format!("again-marked/{n}"));
+        let owner = OwnerToken::random().to_hex();
+        let answers = common::answers(
+            &mut conn,
+            rule,
+            &[
+                (&keys, &owner, Operation::acquire(TTL, false)),
+                (&keys, &owner, Operation::acquire(TTL, true)),
+            ],
+        )
+        .await;
+        assert!(
+            answers[1] > answers[0] && answers[0] >= 1,
+            "{rule:?}: {answers:?}"
+        );
+        let value = server.cli(&["GET", &keys.lock]).unwrap();
+        assert_eq!(value, format!("{owner}+"), "{rule:?}: not marked");
+    }
+}

@@ -689,7 +689,8 @@ async fn concurrent_operations_share_script_calls_and_keep_their_own_answers() {
     for task in tasks {
         highest = highest.max(task.await.unwrap().expect("acquire and release"));
     }
-    // A call granting many locks writes the shared counter once, at its end.
+    // A call granting many locks moves the shared counter past all its
+    // tokens at its first grant.
     let counter: u64 = server
         .cli(&["GET", "lockkit:fence"])
         .unwrap()
