@@ -16,8 +16,9 @@
 //!   Tokens track the clock: a counter per lock moves to the clock at each
 //!   grant (a script runs for well over a microsecond, so no key is granted
 //!   more than once per microsecond), and a shared counter runs ahead of
-//!   the clock by at most the operations of one call (128 µs at most), far
-//!   less than any restart takes.
+//!   the clock by at most the acquires of one call (128 µs at most; each
+//!   runs on the server for over a microsecond), far less than any restart
+//!   takes.
 //!
 //! Where the counter lives is the [`TokenRule`]'s choice:
 //! - a single server keeps **one counter for all its locks**
@@ -25,7 +26,7 @@
 //!   it reads the counter with one `SET ... GET` at its first grant (a
 //!   refused acquire leaves it alone), which also moves it past every
 //!   token the call may still hand out (the clock reading plus one per
-//!   operation left); a second write follows only when the counter was
+//!   acquire left); a second write follows only when the counter was
 //!   already ahead of the clock. The counter has no TTL: it is one key,
 //!   and while it lives it also covers a clock that steps back. A holder's
 //!   token is then known to the holder only (the operator's view shows none);
@@ -122,6 +123,10 @@ local rule, ops, batch_ttl = ARGV[1], ARGV[2], ARGV[3]
 local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
 local n = #ops
+-- Checked before any operation runs, so that a malformed call writes nothing.
+if string.find(ops, '[^awAWr]') then
+  return redis.error_reply('ERR unknown lock operation in ' .. ops)
+end
 
 -- The clock, read once per batch where a token needs it: in µs, and as
 -- decimal text.
@@ -138,17 +143,23 @@ end
 local first_token
 if shared then
   -- One counter for every lock (KEYS[1]), read at the batch's first grant
-  -- and moved, in one write, past every token the batch may still hand
-  -- out (`left`: one per operation left). Its later grants follow on.
-  first_token = function(_, _, left)
+  -- (operation `from`) and moved, in one write, past every token the batch
+  -- may still hand out: one per acquire from there on. Its later grants
+  -- follow on.
+  first_token = function(_, _, from)
+    local left = 1
+    if from < n then
+      local _, acquires = string.gsub(string.sub(ops, from), '[awAW]', '')
+      left = acquires
+    end
     read_clock()
     local top = now_text
     -- string.format only when needed: it costs more than an argument.
     if left > 1 then top = string.format('%.0f', now + left - 1) end
     local old = tonumber(redis.call('SET', KEYS[1], top, 'GET'))
     if old and old >= now then
-      -- Ahead of the clock (a write-back, or a batch less than `left` µs
-      -- ago): stay above it.
+      -- Ahead of the clock (a batch less than `left` µs ago, a clock that
+      -- stepped back): stay above it.
       redis.call('SET', KEYS[1], string.format('%.0f', old + left))
       return old + 1
     end
@@ -219,13 +230,12 @@ for i = 1, n do
     if op == 97 then
     elseif op == 119 then
       value = owner .. '+'
-    elseif op == 65 or op == 87 then
+    else
+      -- A or W.
       a = a + 1
       ttl, owner = owner, ARGV[a]
       value = owner
       if op == 87 then value = owner .. '+' end
-    else
-      return redis.error_reply('unknown operation ' .. string.char(op))
     end
     local counter
     if not shared then counter = KEYS[k + 1] end
@@ -265,7 +275,7 @@ for i = 1, n do
         last = last + 1
         out[i] = last
       else
-        local ok, token = pcall(first_token, counter, ttl, n - i + 1)
+        local ok, token = pcall(first_token, counter, ttl, i)
         if ok then
           out[i] = token
           if shared then last = token end

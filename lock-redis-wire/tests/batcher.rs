@@ -288,7 +288,7 @@ async fn with_a_shared_counter_a_failed_operation_spoils_nothing_else() {
     );
 }
 
-/// Acquires that say others wait (`W`, one argument more), plain acquires
+/// Acquires that say others wait (letter `w`), plain acquires
 /// and releases, mixed in one call, under each way of taking tokens: every
 /// operation reads its own arguments, so each answer is its own; only the
 /// release of the grant acquired as waited for is published, and a refused

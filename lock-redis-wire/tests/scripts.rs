@@ -222,3 +222,69 @@ async fn an_owner_asking_again_as_waited_for_marks_its_grant() {
         assert_eq!(value, format!("{owner}+"), "{rule:?}: not marked");
     }
 }
+
+/// The shared counter runs ahead of a call's tokens by the acquires the
+/// call did not grant, never by its other operations: a call of two
+/// granted acquires among releases leaves it at its highest token.
+#[tokio::test(flavor = "current_thread")]
+async fn the_shared_counter_is_moved_by_acquires_not_by_releases() {
+    let server = RedisServer::start().expect("start redis");
+    let mut conn = common::connect(&server).await;
+    let layout = KeyLayout::default();
+    let rule = TokenRule::SharedClockFloor {
+        counter: layout.shared_counter().into(),
+    };
+    let owner = OwnerToken::random().to_hex();
+    let keys: Vec<_> = (0..7).map(|i| layout.keys(&format!("drift/{i}"))).collect();
+    let acquire = Operation::acquire(TTL, false);
+    let release = Operation::Release { token: 0 };
+    let mut operations = vec![(&keys[0], &owner, acquire)];
+    operations.extend(keys[1..6].iter().map(|k| (k, &owner, release)));
+    operations.push((&keys[6], &owner, acquire));
+    let answers = common::answers(&mut conn, &rule, &operations).await;
+    let (first, last) = (answers[0], answers[6]);
+    assert_eq!(last, first + 1, "tokens {answers:?}");
+    let counter: i64 = server
+        .cli(&["GET", &layout.shared_counter()])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(counter, last, "the counter ran ahead of the call's tokens");
+}
+
+/// A call naming an operation the script does not know is refused before
+/// any operation runs: nothing is granted.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_with_an_unknown_operation_writes_nothing() {
+    use lock_redis_wire::scripts::Scripts;
+    let server = RedisServer::start().expect("start redis");
+    let mut conn = common::connect(&server).await;
+    let layout = KeyLayout::default();
+    let keys = layout.keys("unknown/a");
+    let owner = OwnerToken::random().to_hex();
+    // Loads the script.
+    common::answers(
+        &mut conn,
+        &TokenRule::ClockFloor,
+        &[(&keys, &owner, Operation::Release { token: 0 })],
+    )
+    .await;
+    let refused: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
+        .arg(Scripts::get().batch.get_hash())
+        .arg(3)
+        .arg(&keys.lock)
+        .arg(&keys.counter)
+        .arg(&keys.lock)
+        .arg("clock-floor")
+        .arg("ax")
+        .arg(10_000)
+        .arg(&owner)
+        .arg(&owner)
+        .query_async(&mut conn)
+        .await;
+    let err = refused.expect_err("an unknown operation was run");
+    assert!(err.to_string().contains("unknown lock operation"), "{err}");
+    let value = server.cli(&["EXISTS", &keys.lock]).unwrap();
+    assert_eq!(value.trim(), "0", "the acquire before it was granted");
+}
