@@ -16,9 +16,9 @@
 //!   Tokens track the clock: a counter per lock moves to the clock at each
 //!   grant (a script runs for well over a microsecond, so no key is granted
 //!   more than once per microsecond), and a shared counter runs ahead of
-//!   the clock by at most the acquires of one call (128 µs at most; each
-//!   runs on the server for over a microsecond), far less than any restart
-//!   takes.
+//!   the clock by at most the acquires of one call (128 µs at most in a
+//!   batcher's call; each runs on the server for over a microsecond), far
+//!   less than any restart takes.
 //!
 //! Where the counter lives is the [`TokenRule`]'s choice:
 //! - a single server keeps **one counter for all its locks**
@@ -108,17 +108,19 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// The script is written for the server's cost per operation, which the
 /// lab counts (`lockctl bench`): operations share one letter string and
 /// one TTL, the common paths are inline, and functions are made only where
-/// they are used (the server makes a script's functions anew at every
-/// call, and a call into one costs it about as much as an argument).
+/// they are used. Counted with callgrind, the server makes a script's
+/// functions anew at every call, each at about the cost of two of an
+/// operation's arguments (about 500 instructions each), and a call into
+/// one costs about half an argument.
 pub const BATCH_LUA: &str = r#"
 -- The operations, in order: ARGV[2] names them, one letter each, and their
--- arguments follow ARGV[3] (see the Rust docs). The server pays for every
--- function this script makes (at every call) and for every call into one
--- about what it pays for a lock's argument: the common path of each
--- operation is written inline, and a function is made only where it is
--- used. An operation that fails (a key of the wrong type, a write the
--- server refuses) answers its error and spoils no other: calls that can
--- fail go through redis.pcall or pcall.
+-- arguments follow ARGV[3] (see the Rust docs). The server makes this
+-- script's functions anew at every call and pays for every call into one
+-- (the Rust docs give the counts): the common path of each operation is
+-- written inline, and a function is made only where it is used. An
+-- operation that fails (a key of the wrong type, a write the server
+-- refuses) answers its error and spoils no other: calls that can fail go
+-- through redis.pcall or pcall.
 local rule, ops, batch_ttl = ARGV[1], ARGV[2], ARGV[3]
 local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
@@ -154,7 +156,8 @@ if shared then
     end
     read_clock()
     local top = now_text
-    -- string.format only when needed: it costs more than an argument.
+    -- string.format only when needed: it costs the server about ten
+    -- times an argument.
     if left > 1 then top = string.format('%.0f', now + left - 1) end
     local old = tonumber(redis.call('SET', KEYS[1], top, 'GET'))
     if old and old >= now then
@@ -210,14 +213,17 @@ for i = 1, n do
     local owner = ARGV[a]
     local value = redis.pcall('GET', lock)
     if value == owner then
-      redis.call('DEL', lock)
-      out[i] = 1
+      -- A write the server refuses (a replica after a failover, say)
+      -- answers its error, as any failed operation does.
+      local deleted = redis.pcall('DEL', lock)
+      out[i] = deleted == 1 and 1 or error_text(deleted)
     elseif type(value) == 'table' then
       out[i] = value.err
     elseif value and value == owner .. '+' then
-      redis.call('DEL', lock)
-      redis.call('PUBLISH', lock .. ':released', ARGV[a + 1])
-      out[i] = 1
+      local deleted = redis.pcall('DEL', lock)
+      out[i] = deleted == 1 and 1 or error_text(deleted)
+      -- Released even when the message fails: waiters poll as a backstop.
+      redis.pcall('PUBLISH', lock .. ':released', ARGV[a + 1])
     else
       out[i] = 0
     end
@@ -280,7 +286,7 @@ for i = 1, n do
           out[i] = token
           if shared then last = token end
         else
-          redis.call('DEL', lock)
+          redis.pcall('DEL', lock)
           out[i] = error_text(token)
         end
       end

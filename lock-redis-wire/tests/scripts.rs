@@ -251,6 +251,36 @@ async fn the_shared_counter_is_moved_by_acquires_not_by_releases() {
         .parse()
         .unwrap();
     assert_eq!(counter, last, "the counter ran ahead of the call's tokens");
+
+    // A refused acquire before the call's first grant moves nothing either.
+    let theirs = OwnerToken::random().to_hex();
+    let taken = layout.keys("drift/taken");
+    common::answers(&mut conn, &rule, &[(&taken, &theirs, acquire)]).await;
+    let fresh: Vec<_> = (0..2)
+        .map(|i| layout.keys(&format!("drift/fresh/{i}")))
+        .collect();
+    let operations = [
+        (&taken, &owner, acquire),
+        (&fresh[0], &owner, acquire),
+        (&fresh[1], &owner, acquire),
+    ];
+    let operations: Vec<_> = operations
+        .iter()
+        .map(|(keys, owner, op)| (*keys, owner.as_str(), *op))
+        .collect();
+    let answers = run_batch(&mut conn, &rule, &operations)
+        .await
+        .expect("the call");
+    let answers: Vec<i64> = answers.into_iter().map(|a| a.expect("an answer")).collect();
+    assert!(answers[0] < 0, "a held lock was granted: {answers:?}");
+    assert_eq!(answers[2], answers[1] + 1, "tokens {answers:?}");
+    let counter: i64 = server
+        .cli(&["GET", &layout.shared_counter()])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(counter, answers[2], "the refused acquire moved the counter");
 }
 
 /// A call naming an operation the script does not know is refused before
