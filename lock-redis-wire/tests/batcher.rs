@@ -276,14 +276,9 @@ async fn with_a_shared_counter_a_failed_operation_spoils_nothing_else() {
         1,
         "the operations did not share one call"
     );
-    let counter: u64 = server
-        .cli(&["GET", &layout.shared_counter()])
-        .expect("GET")
-        .trim()
-        .parse()
-        .expect("a number");
+    let counter = common::shared_counter(&server, &layout);
     assert!(
-        counter >= highest,
+        counter >= highest as i64,
         "counter {counter} below token {highest}"
     );
 }

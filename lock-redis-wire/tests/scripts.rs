@@ -183,12 +183,7 @@ async fn a_shared_counter_ahead_of_the_clock_is_continued_above() {
         [ahead + 1, ahead + 2, ahead + 3],
         "the tokens do not continue the counter"
     );
-    let counter: i64 = server
-        .cli(&["GET", &layout.shared_counter()])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let counter = common::shared_counter(&server, &layout);
     assert!(
         counter >= ahead + 3,
         "counter {counter} below the last token"
@@ -244,12 +239,7 @@ async fn the_shared_counter_is_moved_by_acquires_not_by_releases() {
     let answers = common::answers(&mut conn, &rule, &operations).await;
     let (first, last) = (answers[0], answers[6]);
     assert_eq!(last, first + 1, "tokens {answers:?}");
-    let counter: i64 = server
-        .cli(&["GET", &layout.shared_counter()])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let counter = common::shared_counter(&server, &layout);
     assert_eq!(counter, last, "the counter ran ahead of the call's tokens");
 
     // A refused acquire before the call's first grant moves nothing either.
@@ -259,27 +249,19 @@ async fn the_shared_counter_is_moved_by_acquires_not_by_releases() {
     let fresh: Vec<_> = (0..2)
         .map(|i| layout.keys(&format!("drift/fresh/{i}")))
         .collect();
-    let operations = [
-        (&taken, &owner, acquire),
-        (&fresh[0], &owner, acquire),
-        (&fresh[1], &owner, acquire),
-    ];
-    let operations: Vec<_> = operations
-        .iter()
-        .map(|(keys, owner, op)| (*keys, owner.as_str(), *op))
-        .collect();
-    let answers = run_batch(&mut conn, &rule, &operations)
-        .await
-        .expect("the call");
-    let answers: Vec<i64> = answers.into_iter().map(|a| a.expect("an answer")).collect();
+    let answers = common::answers(
+        &mut conn,
+        &rule,
+        &[
+            (&taken, &owner, acquire),
+            (&fresh[0], &owner, acquire),
+            (&fresh[1], &owner, acquire),
+        ],
+    )
+    .await;
     assert!(answers[0] < 0, "a held lock was granted: {answers:?}");
     assert_eq!(answers[2], answers[1] + 1, "tokens {answers:?}");
-    let counter: i64 = server
-        .cli(&["GET", &layout.shared_counter()])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let counter = common::shared_counter(&server, &layout);
     assert_eq!(counter, answers[2], "the refused acquire moved the counter");
 }
 

@@ -46,3 +46,13 @@ pub async fn answers(
         .map(|answer| answer.expect("an operation failed"))
         .collect()
 }
+
+/// The value of `layout`'s shared counter on `server`.
+pub fn shared_counter(server: &RedisServer, layout: &KeyLayout) -> i64 {
+    server
+        .cli(&["GET", &layout.shared_counter()])
+        .expect("GET")
+        .trim()
+        .parse()
+        .expect("the shared counter holds a number")
+}
