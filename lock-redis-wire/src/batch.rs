@@ -22,7 +22,9 @@
 //! rest are still being answered, so the server works while the client
 //! does (the lab's paired rounds against rslock measure it).
 //!
-//! Up to [`IN_FLIGHT`] batches are on the wire at once per server. Batches
+//! Up to [`IN_FLIGHT`] batches are on the wire at once per server over the
+//! redis crate's connection, and up to [`IN_FLIGHT_ON_OWN_SOCKET`] over the
+//! batcher's own socket ([`Batcher::connect`], [`crate::socket`]). Batches
 //! leave in the order their operations were asked, and an operation whose
 //! claim (lock and owner) is still on the wire waits, with everything asked
 //! after it, until that batch has answered and the claim's answer has been
@@ -49,14 +51,27 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::LockKeys;
 use crate::scripts::{self, AcquireReply, Operation, TokenRule};
+use crate::socket::Dial;
+
+mod own_socket;
 
 /// The most operations one call carries: 128 keep a call's reply small and
 /// the server's other clients waiting no more than a few hundred µs.
 pub const MAX_BATCH: usize = 128;
 
-/// How many calls may be on the wire at once: while the server runs one,
-/// the next one fills up, so neither side waits for the other.
+/// How many calls may be on the wire at once over the redis crate's
+/// connection: while the server runs one, the next one fills up, so
+/// neither side waits for the other. More did not help there: that
+/// connection's own task passes every call and reply on.
 pub const IN_FLIGHT: usize = 3;
+
+/// How many calls may be on the wire at once over the batcher's own
+/// socket. Callers answered together ask again on whichever worker thread
+/// runs them, and a thread that has to be woken first answers late: with
+/// only a few calls on the wire, the server then ran out of work. At 64
+/// callers on two worker threads, 16 kept it busy (8 did not always); the
+/// batches are smaller, which costs the server a little more per operation.
+pub const IN_FLIGHT_ON_OWN_SOCKET: usize = 16;
 
 /// How many answers of a batch [`Handout::InRounds`] hands out before it
 /// lets the callers answered so far run.
@@ -128,6 +143,9 @@ struct Request {
 #[derive(Clone, Debug)]
 pub struct Batcher {
     queue: mpsc::UnboundedSender<Request>,
+    /// How long a caller waits for its answer, when the connection does
+    /// not bound each call itself.
+    response_timeout: Option<Duration>,
 }
 
 impl Batcher {
@@ -140,7 +158,33 @@ impl Batcher {
     {
         let (queue, requests) = mpsc::unbounded_channel();
         tokio::spawn(send_batches(conn, rule, handout, requests));
-        Batcher { queue }
+        Batcher {
+            queue,
+            response_timeout: None,
+        }
+    }
+
+    /// Opens a connection of its own to the server `dial` names, and sends
+    /// batches over it, handing the answers out as `handout` says (see
+    /// [`crate::socket`] for why). Each caller waits at most
+    /// `response_timeout` for its answer. A broken connection fails the
+    /// calls on it, and the next call connects again. Must be called
+    /// within a Tokio runtime.
+    pub async fn connect(
+        dial: Dial,
+        response_timeout: Duration,
+        rule: TokenRule,
+        handout: Handout,
+    ) -> RedisResult<Batcher> {
+        let socket = dial.open().await?;
+        let (queue, requests) = mpsc::unbounded_channel();
+        tokio::spawn(own_socket::send_batches(
+            dial, socket, rule, handout, requests,
+        ));
+        Ok(Batcher {
+            queue,
+            response_timeout: Some(response_timeout),
+        })
     }
 
     /// One acquire attempt, as [`scripts::acquire`] with this batcher's
@@ -183,13 +227,28 @@ impl Batcher {
             reply,
         };
         let queued = self.queue.send(request).is_ok();
+        let response_timeout = self.response_timeout;
         async move {
             if !queued {
                 return Err(stopped());
             }
-            answer.await.unwrap_or_else(|_| Err(stopped()))
+            let answer = match response_timeout {
+                None => answer.await,
+                Some(after) => tokio::time::timeout(after, answer)
+                    .await
+                    .map_err(|_| no_answer(after))?,
+            };
+            answer.unwrap_or_else(|_| Err(stopped()))
         }
     }
+}
+
+/// The server did not answer a call within `after`.
+fn no_answer(after: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {after:?}"),
+    ))
 }
 
 /// The batching task's runtime has shut down.
@@ -200,65 +259,139 @@ fn stopped() -> RedisError {
     ))
 }
 
-/// The background task: sends what has queued up as one call, up to
-/// [`IN_FLIGHT`] calls at a time, hands out the answers, and repeats.
+/// What a batching task keeps: the requests not sent yet, the claims on
+/// the wire, and the answers not handed out yet.
+struct Queue {
+    handout: Handout,
+    waiting: Vec<Request>,
+    // The (lock, owner) pairs of the calls on the wire: an owner's later
+    // operation on the same lock waits for them, as calls on one connection
+    // are not guaranteed to run in the order their futures were created.
+    busy: Busy,
+    // Answers that came back and are not handed out yet, in order.
+    answered: VecDeque<(Request, RedisResult<i64>)>,
+}
+
+impl Queue {
+    fn new(handout: Handout) -> Queue {
+        Queue {
+            handout,
+            waiting: Vec::with_capacity(MAX_BATCH),
+            busy: Busy::default(),
+            answered: VecDeque::new(),
+        }
+    }
+
+    /// Hands out one round of answers (see [`Handout`]), and drops the
+    /// acquires nobody waits for any more: sent, they would only grant a
+    /// lock to no one. Runs on every pass, also while the wire is full.
+    fn hand_out(&mut self) {
+        let round = match self.handout {
+            Handout::AllAtOnce => self.answered.len(),
+            Handout::InRounds => HANDOUT_ROUND.min(self.answered.len()),
+        };
+        for (request, answer) in self.answered.drain(..round) {
+            // Answered: the claim's later operations may go.
+            self.busy.remove(&request.claim.id());
+            let _ = request.reply.send(answer);
+        }
+        self.waiting
+            .retain(|r| !(r.reply.is_closed() && matches!(r.operation, Operation::Acquire { .. })));
+    }
+
+    /// The next batch to send, its claims now on the wire; empty when
+    /// nothing is ready.
+    fn next_batch(&mut self) -> Vec<Request> {
+        let batch = take_batch(&mut self.waiting, &self.busy);
+        for request in &batch {
+            self.busy.insert(request.claim.id());
+        }
+        batch
+    }
+
+    /// A batch's answers, one per operation, or the error of its whole call.
+    fn answer(&mut self, batch: Vec<Request>, answers: RedisResult<Vec<RedisResult<i64>>>) {
+        match answers {
+            Ok(answers) => self.answered.extend(batch.into_iter().zip(answers)),
+            Err(e) => self
+                .answered
+                .extend(batch.into_iter().map(|r| (r, Err(e.clone())))),
+        }
+    }
+
+    /// Whether a batch is ready to send.
+    fn has_ready(&self) -> bool {
+        self.waiting
+            .first()
+            .is_some_and(|r| !self.busy.contains(&r.claim.id()))
+    }
+
+    /// Whether answers wait to be handed out.
+    fn has_answers(&self) -> bool {
+        !self.answered.is_empty()
+    }
+
+    /// Whether nothing is left to send or hand out.
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty() && self.answered.is_empty()
+    }
+
+    /// Takes what callers asked: at least one request, unless the queue is
+    /// closed (then false). Cancel-safe.
+    async fn receive(&mut self, requests: &mut mpsc::UnboundedReceiver<Request>) -> bool {
+        requests.recv_many(&mut self.waiting, MAX_BATCH).await > 0
+    }
+
+    /// After [`receive`](Self::receive): lets the tasks that are ready run,
+    /// and takes what they asked meanwhile (see [`gather_ready`]).
+    async fn gather_ready(&mut self, requests: &mut mpsc::UnboundedReceiver<Request>) {
+        gather_ready(requests, &mut self.waiting).await;
+    }
+
+    /// Whether there is room to receive more requests.
+    fn has_room(&self) -> bool {
+        self.waiting.len() < MAX_BATCH
+    }
+}
+
+/// The background task over a [`ConnectionLike`]: sends what has queued up
+/// as one call, up to [`IN_FLIGHT`] calls at a time, hands out the
+/// answers, and repeats.
 async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
     conn: C,
     rule: TokenRule,
     handout: Handout,
     mut requests: mpsc::UnboundedReceiver<Request>,
 ) {
-    let mut waiting: Vec<Request> = Vec::with_capacity(MAX_BATCH);
+    let mut queue = Queue::new(handout);
     let mut in_flight = FuturesUnordered::new();
-    // The (lock, owner) pairs of the calls on the wire: an owner's later
-    // operation on the same lock waits for them, as calls on one connection
-    // are not guaranteed to run in the order their futures were created.
-    let mut busy = Busy::default();
-    // Answers that came back and are not handed out yet, in order.
-    let mut answered: VecDeque<(Request, RedisResult<i64>)> = VecDeque::new();
     let mut open = true;
     loop {
-        let round = match handout {
-            Handout::AllAtOnce => answered.len(),
-            Handout::InRounds => HANDOUT_ROUND.min(answered.len()),
-        };
-        for (request, answer) in answered.drain(..round) {
-            // Answered: the claim's later operations may go.
-            busy.remove(&request.claim.id());
-            let _ = request.reply.send(answer);
-        }
-        // Acquires nobody waits for any more would only grant a lock to no
-        // one; dropped on every pass, also while the wire is full.
-        waiting
-            .retain(|r| !(r.reply.is_closed() && matches!(r.operation, Operation::Acquire { .. })));
+        queue.hand_out();
         while in_flight.len() < IN_FLIGHT {
-            let batch = take_batch(&mut waiting, &busy);
+            let batch = queue.next_batch();
             if batch.is_empty() {
                 break;
             }
-            for request in &batch {
-                busy.insert(request.claim.id());
-            }
             in_flight.push(send(conn.clone(), rule.clone(), batch));
         }
-        if !open && in_flight.is_empty() && waiting.is_empty() && answered.is_empty() {
+        if !open && in_flight.is_empty() && queue.is_empty() {
             return;
         }
         tokio::select! {
             biased;
-            Some((batch, answers)) = in_flight.next(), if !in_flight.is_empty() => match answers {
+            Some((batch, answers)) = in_flight.next(), if !in_flight.is_empty() => {
                 // One answer per operation (`run_batch` checks the count).
-                Ok(answers) => answered.extend(batch.into_iter().zip(answers)),
-                Err(e) => answered.extend(batch.into_iter().map(|r| (r, Err(e.clone())))),
-            },
-            n = requests.recv_many(&mut waiting, MAX_BATCH), if open && waiting.len() < MAX_BATCH => {
-                open = n > 0;
+                queue.answer(batch, answers);
+            }
+            received = queue.receive(&mut requests), if open && queue.has_room() => {
+                open = received;
                 if open {
-                    gather_ready(&mut requests, &mut waiting).await;
+                    queue.gather_ready(&mut requests).await;
                 }
             }
             // More answers to hand out: the callers answered so far go first.
-            () = tokio::task::yield_now(), if !answered.is_empty() => {}
+            () = tokio::task::yield_now(), if queue.has_answers() => {}
         }
     }
 }

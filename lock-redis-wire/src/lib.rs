@@ -4,7 +4,9 @@ pub mod batch;
 pub mod config;
 pub mod errors;
 pub mod keys;
+mod reply;
 pub mod scripts;
+pub mod socket;
 
 pub use batch::{Batcher, Claim, Handout};
 pub use config::{RedisSettings, Timeouts};

@@ -474,6 +474,28 @@ pub fn batch_command(
     rule: &TokenRule,
     operations: &[(&crate::LockKeys, &str, Operation)],
 ) -> redis::Cmd {
+    batch_call(
+        redis::cmd("EVALSHA").arg(SCRIPTS.batch.get_hash()),
+        rule,
+        operations,
+    )
+}
+
+/// [`batch_command`] as an `EVAL` with the script's text, which also loads
+/// the script: for a call the server answered `NOSCRIPT`.
+pub fn batch_command_with_text(
+    rule: &TokenRule,
+    operations: &[(&crate::LockKeys, &str, Operation)],
+) -> redis::Cmd {
+    batch_call(redis::cmd("EVAL").arg(BATCH_LUA), rule, operations)
+}
+
+/// `call` (the script, by hash or text) followed by the arguments of `operations`.
+fn batch_call(
+    call: &mut redis::Cmd,
+    rule: &TokenRule,
+    operations: &[(&crate::LockKeys, &str, Operation)],
+) -> redis::Cmd {
     let shared = rule.shared_counter();
     // Each lock, and each acquire's own counter unless one is shared.
     let own_counters = shared.is_none();
@@ -509,8 +531,8 @@ pub fn batch_command(
             Operation::Release { .. } => 'r',
         })
         .collect();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(SCRIPTS.batch.get_hash()).arg(keys);
+    let mut cmd = std::mem::take(call);
+    cmd.arg(keys);
     if let Some(counter) = shared {
         cmd.arg(counter);
     }

@@ -2,8 +2,9 @@
 //! connection (to one server, or to a Redis Cluster by its seed nodes).
 
 use lock_core::Result;
-use lock_redis_wire::RedisSettings;
 use lock_redis_wire::errors::{map_error, timed_out};
+use lock_redis_wire::socket::Dial;
+use lock_redis_wire::{Batcher, Handout, RedisSettings, TokenRule};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -66,6 +67,28 @@ impl Conn {
             Ok(Err(e)) => Err(map_error(backend, endpoint, e)),
             Err(_) => Err(timed_out(backend, endpoint, "connection", timeouts.connect)),
         }
+    }
+}
+
+/// The batcher of a single server's acquires and releases. Over plain TCP
+/// it has a socket of its own (see [`lock_redis_wire::socket`] for why);
+/// over TLS or a Unix socket it shares `conn`. One counter for every lock:
+/// a call touches it once or twice, however many locks it grants.
+pub(crate) async fn open_batcher(
+    backend: &'static str,
+    endpoint: &str,
+    settings: &RedisSettings,
+    conn: &ConnectionManager,
+) -> Result<Batcher> {
+    let rule = TokenRule::SharedClockFloor {
+        counter: settings.layout.shared_counter().into(),
+    };
+    let timeouts = settings.timeouts;
+    match Dial::plain_tcp(&settings.servers[0], timeouts.connect) {
+        Some(dial) => Batcher::connect(dial, timeouts.response, rule, Handout::InRounds)
+            .await
+            .map_err(|e| map_error(backend, endpoint, e)),
+        None => Ok(Batcher::start(conn.clone(), rule, Handout::InRounds)),
     }
 }
 

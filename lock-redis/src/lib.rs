@@ -15,7 +15,7 @@ use lock_core::{
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, Handout, LockKeys, RedisSettings, TokenRule, map_error};
+use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, map_error};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
@@ -150,15 +150,9 @@ impl RedisBackend {
             settings.endpoints[0].clone()
         };
         let batcher = match &conn {
-            // One counter for every lock: a call touches it once or twice,
-            // however many locks it grants.
-            Conn::Single(c) => Some(Batcher::start(
-                c.clone(),
-                TokenRule::SharedClockFloor {
-                    counter: settings.layout.shared_counter().into(),
-                },
-                Handout::InRounds,
-            )),
+            Conn::Single(c) => {
+                Some(connection::open_batcher(backend, &endpoint, &settings, c).await?)
+            }
             Conn::Cluster(_) => None,
         };
         let inner = Inner {

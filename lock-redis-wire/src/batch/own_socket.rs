@@ -1,0 +1,207 @@
+//! The batching task on a socket of its own (see [`crate::socket`]): it
+//! writes its calls and reads their replies itself.
+//!
+//! The server answers the calls of one connection in the order they were
+//! written, so the batches on the wire are a queue and each reply belongs
+//! to the oldest. A caller that gave up waiting (its response timeout) does
+//! not take its batch off that queue: the reply still comes, in its turn,
+//! and what the caller asks next (giving back an acquire it never learned
+//! the answer of, say) is written after it, so the server runs it after.
+//! A broken connection fails the batches on it; the next batch connects
+//! again.
+
+use std::collections::VecDeque;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use tokio::sync::mpsc;
+
+use super::{Handout, IN_FLIGHT_ON_OWN_SOCKET, Queue, Request};
+use crate::LockKeys;
+use crate::scripts::{self, Operation, TokenRule};
+use crate::socket::{Dial, Socket};
+
+/// A batch written to the socket, waiting for its reply.
+struct Sent {
+    requests: Vec<Request>,
+    /// Sent with the script's text (`EVAL`), after a `NOSCRIPT`.
+    with_text: bool,
+}
+
+/// Sends what has queued up as one call, up to [`IN_FLIGHT_ON_OWN_SOCKET`]
+/// calls at a time, hands out the answers, and repeats, until every
+/// [`Batcher`](super::Batcher) is dropped.
+pub(super) async fn send_batches(
+    dial: Dial,
+    socket: Socket,
+    rule: TokenRule,
+    handout: Handout,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+) {
+    let mut queue = Queue::new(handout);
+    let mut socket = Some(socket);
+    let mut on_wire: VecDeque<Sent> = VecDeque::new();
+    // Batches the server answered `NOSCRIPT` (a restarted or flushed
+    // server): sent again, first, with the script's text, which loads it.
+    let mut again: VecDeque<Vec<Request>> = VecDeque::new();
+    let mut open = true;
+    loop {
+        queue.hand_out();
+        if let Err(e) = write_batches(
+            &dial,
+            &mut socket,
+            &rule,
+            &mut queue,
+            &mut on_wire,
+            &mut again,
+        )
+        .await
+        {
+            fail(&mut queue, &mut socket, &mut on_wire, &mut again, e);
+        }
+        if !open && on_wire.is_empty() && again.is_empty() && queue.is_empty() {
+            return;
+        }
+        tokio::select! {
+            biased;
+            read = read_more(&mut socket), if !on_wire.is_empty() => {
+                let taken = read.and_then(|()| take_replies(&mut socket, &mut queue, &mut on_wire, &mut again));
+                if let Err(e) = taken {
+                    fail(&mut queue, &mut socket, &mut on_wire, &mut again, e);
+                }
+            }
+            received = queue.receive(&mut requests), if open && queue.has_room() => {
+                open = received;
+                if open {
+                    queue.gather_ready(&mut requests).await;
+                }
+            }
+            // More answers to hand out: the callers answered so far go first.
+            () = tokio::task::yield_now(), if queue.has_answers() => {}
+        }
+    }
+}
+
+/// Writes the batches that are ready, while there is room on the wire,
+/// connecting first if the connection broke.
+async fn write_batches(
+    dial: &Dial,
+    socket: &mut Option<Socket>,
+    rule: &TokenRule,
+    queue: &mut Queue,
+    on_wire: &mut VecDeque<Sent>,
+    again: &mut VecDeque<Vec<Request>>,
+) -> redis::RedisResult<()> {
+    let room = |on_wire: &VecDeque<Sent>| on_wire.len() < IN_FLIGHT_ON_OWN_SOCKET;
+    if !room(on_wire) || (again.is_empty() && !queue.has_ready()) {
+        return Ok(());
+    }
+    let socket = match socket {
+        Some(socket) => socket,
+        None => match dial.open().await {
+            Ok(opened) => socket.insert(opened),
+            Err(e) => {
+                // Nothing can be sent: what is ready fails, rather than
+                // try again at once.
+                fail_all(queue, on_wire, again, e.clone());
+                while let batch = queue.next_batch()
+                    && !batch.is_empty()
+                {
+                    queue.answer(batch, Err(e.clone()));
+                }
+                return Ok(());
+            }
+        },
+    };
+    while room(on_wire) {
+        let (requests, with_text) = match again.pop_front() {
+            Some(requests) => (requests, true),
+            None => (queue.next_batch(), false),
+        };
+        if requests.is_empty() {
+            break;
+        }
+        let operations: Vec<(&LockKeys, &str, Operation)> = requests
+            .iter()
+            .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
+            .collect();
+        let call = if with_text {
+            scripts::batch_command_with_text(rule, &operations)
+        } else {
+            scripts::batch_command(rule, &operations)
+        };
+        call.write_packed_command(&mut socket.out);
+        on_wire.push_back(Sent {
+            requests,
+            with_text,
+        });
+    }
+    socket.flush().await
+}
+
+/// Waits for more of the replies; never ready without a connection.
+async fn read_more(socket: &mut Option<Socket>) -> redis::RedisResult<()> {
+    match socket {
+        Some(socket) => socket.read_more().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes every complete reply read so far, each for the oldest batch on
+/// the wire.
+fn take_replies(
+    socket: &mut Option<Socket>,
+    queue: &mut Queue,
+    on_wire: &mut VecDeque<Sent>,
+    again: &mut VecDeque<Vec<Request>>,
+) -> redis::RedisResult<()> {
+    let Some(socket) = socket else {
+        return Ok(());
+    };
+    while let Some(reply) = socket.take_reply()? {
+        let Some(sent) = on_wire.pop_front() else {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "the server answered a call that was not sent",
+            )));
+        };
+        let answers = reply.into_answers(sent.requests.len());
+        match answers {
+            Err(e)
+                if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !sent.with_text =>
+            {
+                again.push_back(sent.requests);
+            }
+            answers => queue.answer(sent.requests, answers),
+        }
+    }
+    Ok(())
+}
+
+/// The connection broke: the batches on it fail with `error`, and the
+/// next batch connects again. Whether the server ran them is unknown, as
+/// on any connection that breaks mid-call.
+fn fail(
+    queue: &mut Queue,
+    socket: &mut Option<Socket>,
+    on_wire: &mut VecDeque<Sent>,
+    again: &mut VecDeque<Vec<Request>>,
+    error: RedisError,
+) {
+    *socket = None;
+    fail_all(queue, on_wire, again, error);
+}
+
+/// The batches on the wire, and those waiting to be sent again, fail with `error`.
+fn fail_all(
+    queue: &mut Queue,
+    on_wire: &mut VecDeque<Sent>,
+    again: &mut VecDeque<Vec<Request>>,
+    error: RedisError,
+) {
+    for sent in on_wire.drain(..) {
+        queue.answer(sent.requests, Err(error.clone()));
+    }
+    for requests in again.drain(..) {
+        queue.answer(requests, Err(error.clone()));
+    }
+}
