@@ -3,9 +3,9 @@
 //! the connection's handshake answer with.
 //!
 //! The batch script answers an integer, or an array of integers and error
-//! texts (one per operation), or an error for the whole call; `AUTH` and
-//! `SELECT` answer `+OK`. Anything else the server sends this connection is
-//! a protocol error, and the connection is dropped.
+//! texts (one per operation), or an error for the whole call; `AUTH`,
+//! `SELECT` and `CLIENT SETNAME` answer `+OK`. Anything else the server
+//! sends this connection is a protocol error, and the connection is dropped.
 
 use redis::{ErrorKind, RedisError, RedisResult};
 

@@ -22,6 +22,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::reply::{self, Reply};
 
+/// The name the connection gives itself (`CLIENT SETNAME`).
+pub const CONNECTION_NAME: &str = "lockkit-batcher";
+
 /// How to open the connection: address, credentials, database.
 #[derive(Clone)]
 pub struct Dial {
@@ -63,7 +66,8 @@ impl Dial {
         })
     }
 
-    /// Connects and logs in (`AUTH`, `SELECT`), within the connect timeout.
+    /// Connects and logs in (`AUTH`, `SELECT`, `CLIENT SETNAME`), within the
+    /// connect timeout.
     pub(crate) async fn open(&self) -> RedisResult<Socket> {
         tokio::time::timeout(self.connect_timeout, self.open_untimed())
             .await
@@ -95,6 +99,13 @@ impl Dial {
                 .write_packed_command(&mut socket.out);
             handshake += 1;
         }
+        // Named, so that an operator finds it in `CLIENT LIST`; and a server
+        // that refuses the connection (`maxclients`) is told apart here.
+        redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(CONNECTION_NAME)
+            .write_packed_command(&mut socket.out);
+        handshake += 1;
         socket.flush().await?;
         for _ in 0..handshake {
             match socket.next_reply().await? {
@@ -103,7 +114,7 @@ impl Dial {
                 _ => {
                     return Err(RedisError::from((
                         ErrorKind::UnexpectedReturnType,
-                        "unexpected reply to the connection's AUTH or SELECT",
+                        "unexpected reply to the connection's AUTH, SELECT or CLIENT SETNAME",
                     )));
                 }
             }

@@ -8,7 +8,8 @@
 //! and what the caller asks next (giving back an acquire it never learned
 //! the answer of, say) is written after it, so the server runs it after.
 //! A broken connection fails the batches on it; the next batch connects
-//! again.
+//! again. A connection the server closes while no call is on the wire is
+//! opened again at once.
 
 use std::collections::VecDeque;
 
@@ -44,6 +45,8 @@ pub(super) async fn send_batches(
     // server): sent again, first, with the script's text, which loads it.
     let mut again: VecDeque<Vec<Request>> = VecDeque::new();
     let mut open = true;
+    // Whether the connection has answered a call since it was opened.
+    let mut answered = false;
     loop {
         queue.hand_out();
         if let Err(e) = write_batches(
@@ -63,10 +66,24 @@ pub(super) async fn send_batches(
         }
         tokio::select! {
             biased;
-            read = read_more(&mut socket), if !on_wire.is_empty() => {
-                let taken = read.and_then(|()| take_replies(&mut socket, &mut queue, &mut on_wire, &mut again));
-                if let Err(e) = taken {
-                    fail(&mut queue, &mut socket, &mut on_wire, &mut again, e);
+            // Read also while no call is on the wire, so that a connection
+            // the server closes is noticed before the next call is written.
+            read = read_more(&mut socket), if socket.is_some() => {
+                let idle = on_wire.is_empty();
+                match read.and_then(|()| take_replies(&mut socket, &mut queue, &mut on_wire, &mut again)) {
+                    Ok(taken) => answered |= taken > 0,
+                    Err(e) => {
+                        fail(&mut queue, &mut socket, &mut on_wire, &mut again, e);
+                        // Closed while idle (the server's `timeout`, a proxy's
+                        // idle limit, `CLIENT KILL`): opened again now, so the
+                        // next call does not wait for it. Only after a
+                        // connection that answered calls: one closed at once,
+                        // again and again, would otherwise be reopened in a loop.
+                        if idle && answered {
+                            socket = dial.open().await.ok();
+                        }
+                        answered = false;
+                    }
                 }
             }
             received = queue.receive(&mut requests), if open && queue.has_room() => {
@@ -147,17 +164,19 @@ async fn read_more(socket: &mut Option<Socket>) -> redis::RedisResult<()> {
 }
 
 /// Takes every complete reply read so far, each for the oldest batch on
-/// the wire.
+/// the wire; returns how many.
 fn take_replies(
     socket: &mut Option<Socket>,
     queue: &mut Queue,
     on_wire: &mut VecDeque<Sent>,
     again: &mut VecDeque<Vec<Request>>,
-) -> redis::RedisResult<()> {
+) -> redis::RedisResult<usize> {
     let Some(socket) = socket else {
-        return Ok(());
+        return Ok(0);
     };
+    let mut taken = 0;
     while let Some(reply) = socket.take_reply()? {
+        taken += 1;
         let Some(sent) = on_wire.pop_front() else {
             return Err(RedisError::from((
                 ErrorKind::UnexpectedReturnType,
@@ -174,7 +193,7 @@ fn take_replies(
             answers => queue.answer(sent.requests, answers),
         }
     }
-    Ok(())
+    Ok(taken)
 }
 
 /// The connection broke: the batches on it fail with `error`, and the
