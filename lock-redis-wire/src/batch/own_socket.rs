@@ -206,6 +206,11 @@ fn fail(
     again: &mut VecDeque<Vec<Request>>,
     error: RedisError,
 ) {
+    tracing::debug!(
+        error = %crate::errors::describe(&error),
+        calls_on_the_wire = on_wire.len(),
+        "the batcher's connection broke"
+    );
     *socket = None;
     fail_all(queue, on_wire, again, error);
 }
