@@ -183,3 +183,31 @@ impl Socket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::IntoConnectionInfo;
+
+    #[test]
+    fn a_dials_debug_output_hides_the_password() {
+        let info = "redis://locker:pw-9e1b@127.0.0.1:6379/2"
+            .into_connection_info()
+            .unwrap();
+        let dial = Dial::plain_tcp(&info, Duration::from_secs(1)).expect("plain TCP");
+        let shown = format!("{dial:?}");
+        assert!(
+            shown.contains("127.0.0.1") && shown.contains("locker"),
+            "{shown}"
+        );
+        assert!(!shown.contains("pw-9e1b"), "password printed: {shown}");
+    }
+
+    #[test]
+    fn only_plain_tcp_gets_a_connection_of_its_own() {
+        let unix = "redis+unix:///tmp/redis.sock"
+            .into_connection_info()
+            .unwrap();
+        assert!(Dial::plain_tcp(&unix, Duration::from_secs(1)).is_none());
+    }
+}
