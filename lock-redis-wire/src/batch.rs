@@ -168,8 +168,9 @@ impl Batcher {
     /// batches over it, handing the answers out as `handout` says (see
     /// [`crate::socket`] for why). Each caller waits at most
     /// `response_timeout` for its answer. A broken connection fails the
-    /// calls on it, and the next call connects again. Must be called
-    /// within a Tokio runtime.
+    /// calls on it, and the next call connects again; one the server
+    /// closes while idle is opened again at once. Must be called within a
+    /// Tokio runtime.
     pub async fn connect(
         dial: Dial,
         response_timeout: Duration,
