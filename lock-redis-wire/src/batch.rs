@@ -327,6 +327,11 @@ impl Queue {
             .is_some_and(|r| !self.busy.contains(&r.claim.id()))
     }
 
+    /// How many requests wait to be sent.
+    fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Whether answers wait to be handed out.
     fn has_answers(&self) -> bool {
         !self.answered.is_empty()

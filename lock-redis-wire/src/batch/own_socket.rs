@@ -17,6 +17,21 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::mpsc;
 
 use super::{Handout, IN_FLIGHT_ON_OWN_SOCKET, Queue, Request};
+
+/// With this many calls on the wire, the server has work to go on with, so
+/// the next call leaves only once [`FULL_ENOUGH`] operations are waiting,
+/// or when an answer comes back. Each call costs the server about 20,000
+/// instructions beside its operations, and the client a `send` (on
+/// loopback, most of the client's CPU per call); on a machine whose CPUs
+/// the client and the server share, that is throughput. At 64 callers on
+/// two CPUs, the client's and the server's CPU per acquire+release pair
+/// fell from about 10.4 µs to 8.6 µs together, and pairs per second rose by
+/// about a sixth; at 1, 4, 16 and 256 callers nothing moved beyond the
+/// noise (`redis_pairs`).
+const BUSY_WIRE: usize = 2;
+
+/// See [`BUSY_WIRE`].
+const FULL_ENOUGH: usize = 8;
 use crate::LockKeys;
 use crate::scripts::{self, Operation, TokenRule};
 use crate::socket::{Dial, Socket};
@@ -110,6 +125,10 @@ async fn write_batches(
 ) -> redis::RedisResult<()> {
     let room = |on_wire: &VecDeque<Sent>| on_wire.len() < IN_FLIGHT_ON_OWN_SOCKET;
     if !room(on_wire) || (again.is_empty() && !queue.has_ready()) {
+        return Ok(());
+    }
+    // The server has work: fewer, fuller calls cost both sides less.
+    if again.is_empty() && on_wire.len() >= BUSY_WIRE && queue.waiting() < FULL_ENOUGH {
         return Ok(());
     }
     let socket = match socket {
