@@ -24,11 +24,12 @@
 //!
 //! Up to [`IN_FLIGHT`] batches are on the wire at once per server over the
 //! redis crate's connection, and up to [`IN_FLIGHT_ON_OWN_SOCKET`] over the
-//! batcher's own socket ([`Batcher::connect`], [`crate::socket`]). Batches
-//! leave in the order their operations were asked, and an operation whose
-//! claim (lock and owner) is still on the wire waits, with everything asked
-//! after it, until that batch has answered and the claim's answer has been
-//! handed out: a release asked after an
+//! batcher's own socket ([`Batcher::connect`], [`crate::socket`]), where a
+//! call waits for a few operations to share it once two are on the wire.
+//! Batches leave in the order their operations were asked, and an
+//! operation whose claim (lock and owner) is still on the wire waits, with
+//! everything asked after it, until that batch has answered and the
+//! claim's answer has been handed out: a release asked after an
 //! acquire (for instance the clean-up of an acquire whose caller stopped
 //! waiting) runs after it, even when the acquire is stuck on a paused
 //! server, and so does whatever was asked after the release. An acquire

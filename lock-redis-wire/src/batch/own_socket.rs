@@ -17,6 +17,9 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::mpsc;
 
 use super::{Handout, IN_FLIGHT_ON_OWN_SOCKET, Queue, Request};
+use crate::LockKeys;
+use crate::scripts::{self, Operation, TokenRule};
+use crate::socket::{Dial, Socket};
 
 /// With this many calls on the wire, the server has work to go on with, so
 /// the next call leaves only once [`FULL_ENOUGH`] operations are waiting,
@@ -32,9 +35,6 @@ const BUSY_WIRE: usize = 2;
 
 /// See [`BUSY_WIRE`].
 const FULL_ENOUGH: usize = 8;
-use crate::LockKeys;
-use crate::scripts::{self, Operation, TokenRule};
-use crate::socket::{Dial, Socket};
 
 /// A batch written to the socket, waiting for its reply.
 struct Sent {
