@@ -9,6 +9,9 @@
 
 use redis::{ErrorKind, RedisError, RedisResult};
 
+/// The longest error text of one operation that is read.
+const MAX_ERROR_TEXT: usize = 64 * 1024;
+
 /// One complete reply.
 #[derive(Debug)]
 pub(crate) enum Reply {
@@ -84,10 +87,19 @@ fn element(buf: &[u8], at: usize) -> RedisResult<Option<(RedisResult<i64>, usize
     match line.split_first() {
         Some((b':', text)) => Ok(Some((Ok(integer(text)?), next))),
         Some((b'$', text)) => {
-            let len = usize::try_from(integer(text)?).map_err(|_| unexpected("a null string"))?;
+            let len = usize::try_from(integer(text)?)
+                .map_err(|_| unexpected("a null or negative length"))?;
+            // An operation's error text is short; a longer length is
+            // refused rather than waited for.
+            if len > MAX_ERROR_TEXT {
+                return Err(unexpected("an error text longer than 64 KiB"));
+            }
             let end = next + len;
             if buf.len() < end + 2 {
                 return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(unexpected("a string without its CRLF"));
             }
             let failed = RedisError::from((
                 ErrorKind::Extension,
@@ -200,6 +212,9 @@ mod tests {
             b":x\r\n",
             b"\r\n",
             b"*-1\r\n",
+            b"*1\r\n$3\r\nabcde\r\n",
+            b"*1\r\n$-1\r\n",
+            b"*1\r\n$99999999999\r\n",
         ] {
             assert!(
                 parse(bytes).is_err(),

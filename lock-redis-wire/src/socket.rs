@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use crate::Timeouts;
 use crate::reply::{self, Reply};
 
 /// The name the connection gives itself (`CLIENT SETNAME`).
@@ -33,7 +34,7 @@ pub struct Dial {
     username: Option<String>,
     password: Option<String>,
     db: i64,
-    connect_timeout: Duration,
+    timeouts: Timeouts,
 }
 
 /// Without the password.
@@ -51,7 +52,7 @@ impl std::fmt::Debug for Dial {
 impl Dial {
     /// For a server reached over plain TCP; `None` for TLS and Unix
     /// sockets, which keep the redis crate's connection.
-    pub fn plain_tcp(server: &ConnectionInfo, connect_timeout: Duration) -> Option<Dial> {
+    pub fn plain_tcp(server: &ConnectionInfo, timeouts: Timeouts) -> Option<Dial> {
         let ConnectionAddr::Tcp(host, port) = server.addr() else {
             return None;
         };
@@ -62,19 +63,20 @@ impl Dial {
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
             db: settings.db(),
-            connect_timeout,
+            timeouts,
         })
     }
 
     /// Connects and logs in (`AUTH`, `SELECT`, `CLIENT SETNAME`), within the
     /// connect timeout.
     pub(crate) async fn open(&self) -> RedisResult<Socket> {
-        tokio::time::timeout(self.connect_timeout, self.open_untimed())
+        let limit = self.timeouts.connect;
+        tokio::time::timeout(limit, self.open_untimed())
             .await
             .unwrap_or_else(|_| {
                 Err(RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("no connection within {:?}", self.connect_timeout),
+                    format!("no connection within {limit:?}"),
                 )))
             })
     }
@@ -83,7 +85,7 @@ impl Dial {
         let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
         // Calls are written whole; waiting to fill a segment only delays them.
         stream.set_nodelay(true)?;
-        let mut socket = Socket::new(stream);
+        let mut socket = Socket::new(stream, self.timeouts.response);
         let mut handshake = 0;
         if let Some(password) = &self.password {
             let mut auth = redis::cmd("AUTH");
@@ -105,21 +107,40 @@ impl Dial {
             .arg("SETNAME")
             .arg(CONNECTION_NAME)
             .write_packed_command(&mut socket.out);
-        handshake += 1;
         socket.flush().await?;
         for _ in 0..handshake {
             match socket.next_reply().await? {
                 Reply::Status => {}
-                Reply::Error(e) => return Err(e),
-                _ => {
-                    return Err(RedisError::from((
-                        ErrorKind::UnexpectedReturnType,
-                        "unexpected reply to the connection's AUTH, SELECT or CLIENT SETNAME",
-                    )));
-                }
+                reply => return Err(refused(reply)),
             }
         }
+        match socket.next_reply().await? {
+            Reply::Status => {}
+            // The name is a convenience: a user whose ACL leaves out
+            // `CLIENT SETNAME`, or a server without it, may still lock.
+            Reply::Error(e) if is_not_allowed(&e) => {
+                tracing::debug!(error = %e, "the batcher's connection keeps no name");
+            }
+            reply => return Err(refused(reply)),
+        }
         Ok(socket)
+    }
+}
+
+/// Whether a command was refused for want of a permission or of the
+/// command itself, rather than for the connection's sake.
+fn is_not_allowed(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM") || e.to_string().to_ascii_lowercase().contains("unknown")
+}
+
+/// A handshake reply other than `+OK`, as an error.
+fn refused(reply: Reply) -> RedisError {
+    match reply {
+        Reply::Error(e) => e,
+        _ => RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "unexpected reply to the connection's AUTH, SELECT or CLIENT SETNAME",
+        )),
     }
 }
 
@@ -132,22 +153,35 @@ pub(crate) struct Socket {
     pub(crate) out: Vec<u8>,
     /// Bytes read and not yet taken as replies.
     read: Vec<u8>,
+    /// How long a write may wait for the server to take its bytes.
+    write_timeout: Duration,
 }
 
 impl Socket {
-    fn new(stream: TcpStream) -> Socket {
+    fn new(stream: TcpStream, write_timeout: Duration) -> Socket {
         let (reader, writer) = stream.into_split();
         Socket {
             reader,
             writer,
             out: Vec::with_capacity(16 * 1024),
             read: Vec::with_capacity(16 * 1024),
+            write_timeout,
         }
     }
 
-    /// Writes the queued calls.
+    /// Writes the queued calls. A server that takes none of them for the
+    /// response timeout (its buffers full, the network gone) is an error,
+    /// after which the connection is no good: part of a call may be written.
     pub(crate) async fn flush(&mut self) -> RedisResult<()> {
-        self.writer.write_all(&self.out).await?;
+        match tokio::time::timeout(self.write_timeout, self.writer.write_all(&self.out)).await {
+            Ok(written) => written?,
+            Err(_) => {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the server took no calls within {:?}", self.write_timeout),
+                )));
+            }
+        }
         self.out.clear();
         Ok(())
     }
@@ -189,12 +223,17 @@ mod tests {
     use super::*;
     use redis::IntoConnectionInfo;
 
+    const TIMEOUTS: Timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        response: Duration::from_secs(1),
+    };
+
     #[test]
     fn a_dials_debug_output_hides_the_password() {
         let info = "redis://locker:pw-9e1b@127.0.0.1:6379/2"
             .into_connection_info()
             .unwrap();
-        let dial = Dial::plain_tcp(&info, Duration::from_secs(1)).expect("plain TCP");
+        let dial = Dial::plain_tcp(&info, TIMEOUTS).expect("plain TCP");
         let shown = format!("{dial:?}");
         assert!(
             shown.contains("127.0.0.1") && shown.contains("locker"),
@@ -208,6 +247,6 @@ mod tests {
         let unix = "redis+unix:///tmp/redis.sock"
             .into_connection_info()
             .unwrap();
-        assert!(Dial::plain_tcp(&unix, Duration::from_secs(1)).is_none());
+        assert!(Dial::plain_tcp(&unix, TIMEOUTS).is_none());
     }
 }

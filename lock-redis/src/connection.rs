@@ -84,7 +84,7 @@ pub(crate) async fn open_batcher(
         counter: settings.layout.shared_counter().into(),
     };
     let timeouts = settings.timeouts;
-    match Dial::plain_tcp(&settings.servers[0], timeouts.connect) {
+    match Dial::plain_tcp(&settings.servers[0], timeouts) {
         Some(dial) => Batcher::connect(dial, timeouts.response, rule, Handout::InRounds)
             .await
             .map_err(|e| map_error(backend, endpoint, e)),

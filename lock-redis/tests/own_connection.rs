@@ -58,6 +58,29 @@ async fn the_batchers_connection_logs_in_as_the_urls_user_into_its_database() {
 }
 
 #[tokio::test]
+async fn a_user_not_allowed_to_name_its_connection_still_locks() {
+    let server = RedisServer::start().expect("start redis");
+    server
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "plain",
+            "on",
+            ">pw-77aa",
+            "~*",
+            "&*",
+            "+@all",
+            "-client|setname",
+        ])
+        .unwrap();
+    let url = format!("redis://plain:pw-77aa@{}", server.host_port());
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let lease = locker.try_acquire("unnamed", TTL).await.unwrap();
+    locker.release(lease).await.unwrap();
+    assert!(batcher_connections(&server).is_empty(), "named after all");
+}
+
+#[tokio::test]
 async fn a_flushed_script_cache_is_loaded_again_by_the_next_call() {
     let server = RedisServer::start().expect("start redis");
     let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());

@@ -23,7 +23,7 @@ use crate::socket::{Dial, Socket};
 
 /// With this many calls on the wire, the server has work to go on with, so
 /// the next call leaves only once [`FULL_ENOUGH`] operations are waiting,
-/// or when an answer comes back. Each call costs the server about 20,000
+/// or once answers have brought the calls on the wire below this. Each call costs the server about 20,000
 /// instructions beside its operations, and the client a `send` (on
 /// loopback, most of the client's CPU per call); on a machine whose CPUs
 /// the client and the server share, that is throughput. At 64 callers on
@@ -95,7 +95,13 @@ pub(super) async fn send_batches(
                         // connection that answered calls: one closed at once,
                         // again and again, would otherwise be reopened in a loop.
                         if idle && answered {
-                            socket = dial.open().await.ok();
+                            socket = match dial.open().await {
+                                Ok(opened) => Some(opened),
+                                Err(e) => {
+                                    tracing::debug!(error = %crate::errors::describe(&e), "the batcher's connection is not open again yet");
+                                    None
+                                }
+                            };
                         }
                         answered = false;
                     }
