@@ -167,17 +167,13 @@ impl Batcher {
 
     /// Opens a connection of its own to the server `dial` names, and sends
     /// batches over it, handing the answers out as `handout` says (see
-    /// [`crate::socket`] for why). Each caller waits at most
-    /// `response_timeout` for its answer. A broken connection fails the
+    /// [`crate::socket`] for why). Each caller waits at most the dial's
+    /// response timeout for its answer. A broken connection fails the
     /// calls on it, and the next call connects again; one the server
     /// closes while idle is opened again at once. Must be called within a
     /// Tokio runtime.
-    pub async fn connect(
-        dial: Dial,
-        response_timeout: Duration,
-        rule: TokenRule,
-        handout: Handout,
-    ) -> RedisResult<Batcher> {
+    pub async fn connect(dial: Dial, rule: TokenRule, handout: Handout) -> RedisResult<Batcher> {
+        let response_timeout = dial.response_timeout();
         let socket = dial.open().await?;
         let (queue, requests) = mpsc::unbounded_channel();
         tokio::spawn(own_socket::send_batches(

@@ -67,6 +67,11 @@ impl Dial {
         })
     }
 
+    /// How long a caller waits for each answer on this connection.
+    pub fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+
     /// Connects and logs in (`AUTH`, `SELECT`, `CLIENT SETNAME`), within the
     /// connect timeout.
     pub(crate) async fn open(&self) -> RedisResult<Socket> {

@@ -85,7 +85,7 @@ pub(crate) async fn open_batcher(
     };
     let timeouts = settings.timeouts;
     match Dial::plain_tcp(&settings.servers[0], timeouts) {
-        Some(dial) => Batcher::connect(dial, timeouts.response, rule, Handout::InRounds)
+        Some(dial) => Batcher::connect(dial, rule, Handout::InRounds)
             .await
             .map_err(|e| map_error(backend, endpoint, e)),
         None => Ok(Batcher::start(conn.clone(), rule, Handout::InRounds)),
