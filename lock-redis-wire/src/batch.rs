@@ -54,6 +54,7 @@ use crate::LockKeys;
 use crate::scripts::{self, AcquireReply, Operation, TokenRule};
 use crate::socket::Dial;
 
+mod line;
 mod own_socket;
 
 /// The most operations one call carries: 128 keep a call's reply small and
@@ -173,16 +174,28 @@ impl Batcher {
     /// closes while idle is opened again at once. Must be called within a
     /// Tokio runtime.
     pub async fn connect(dial: Dial, rule: TokenRule, handout: Handout) -> RedisResult<Batcher> {
-        let response_timeout = dial.response_timeout();
         let socket = dial.open().await?;
+        Ok(Self::on_line(line::Line::open(dial, socket), rule, handout))
+    }
+
+    /// Like [`connect`](Self::connect), but returns at once: the connection
+    /// is opened in the background, and calls asked meanwhile wait for it.
+    /// For a server that may be down now and up later (a Redlock node): a
+    /// dial that fails fails the calls waiting for it, and those asked
+    /// during a pause after it (50 ms, doubling with each failure up to
+    /// 1 s), so that a server that is down costs a call no time.
+    pub fn connect_in_background(dial: Dial, rule: TokenRule, handout: Handout) -> Batcher {
+        Self::on_line(line::Line::closed(dial), rule, handout)
+    }
+
+    fn on_line(line: line::Line, rule: TokenRule, handout: Handout) -> Batcher {
+        let response_timeout = line.response_timeout();
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(own_socket::send_batches(
-            dial, socket, rule, handout, requests,
-        ));
-        Ok(Batcher {
+        tokio::spawn(own_socket::send_batches(line, rule, handout, requests));
+        Batcher {
             queue,
             response_timeout: Some(response_timeout),
-        })
+        }
     }
 
     /// One acquire attempt, as [`scripts::acquire`] with this batcher's
@@ -315,6 +328,26 @@ impl Queue {
                 .answered
                 .extend(batch.into_iter().map(|r| (r, Err(e.clone())))),
         }
+    }
+
+    /// Answers every waiting request with `error`, unsent, but those whose
+    /// claim is on the wire: they still wait for it, to run after it.
+    fn refuse_unblocked(&mut self, error: impl Fn() -> RedisError) {
+        let busy = &self.busy;
+        let (blocked, refused): (Vec<_>, Vec<_>) = self
+            .waiting
+            .drain(..)
+            .partition(|r| busy.contains(&r.claim.id()));
+        self.waiting = blocked;
+        for request in refused {
+            let _ = request.reply.send(Err(error()));
+        }
+    }
+
+    /// Whether calls wait to be fuller while the server is busy: only for
+    /// callers of one server (see `own_socket::BUSY_WIRE`).
+    fn fills_calls(&self) -> bool {
+        self.handout == Handout::InRounds
     }
 
     /// Whether a batch is ready to send.

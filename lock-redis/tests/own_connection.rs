@@ -1,15 +1,15 @@
 //! The connection a single server's batcher opens for itself (plain TCP):
 //! it logs in as the URL says, loads a script the server has lost, and
-//! opens itself again when the server closes it. Each test has a private
-//! Redis.
+//! opens itself again when the server closes it, and refuses new calls
+//! while the server leaves one unanswered. Each test has a private Redis.
 
 use std::time::Duration;
 
-use lock_core::Locker;
+use lock_core::{Error, Locker};
 use lock_redis::RedisBackend;
 use lock_redis_wire::socket::CONNECTION_NAME;
 use lock_testkit::RedisServer;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -124,5 +124,81 @@ async fn a_connection_the_server_closes_while_idle_is_opened_again_before_the_ne
     // Not an error from writing to the closed connection: the first call
     // after the close is granted.
     let lease = locker.try_acquire("idle", TTL).await.unwrap();
+    locker.release(lease).await.unwrap();
+}
+
+/// Resumes a paused server even when an assertion fails, so that dropping
+/// it can reap it.
+struct Paused<'a>(&'a RedisServer);
+
+impl<'a> Paused<'a> {
+    fn pause(server: &'a RedisServer) -> Self {
+        server.pause().expect("SIGSTOP");
+        Paused(server)
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.resume();
+    }
+}
+
+/// A server that leaves a call unanswered for the response timeout (here,
+/// paused) stalls the connection: a new call fails at once, unsent, rather
+/// than queue behind it, while the give-back of the stuck acquire waits
+/// for it, and runs after it once the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_refuses_new_calls_at_once_and_gives_the_stuck_one_back_after_it() {
+    const RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
+    let server = RedisServer::start().expect("start redis");
+    let url = format!("{}?response_timeout_ms=300", server.url());
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    // Loads the script, so that the calls counted below are ours.
+    let lease = locker.try_acquire("warm-up", TTL).await.unwrap();
+    locker.release(lease).await.unwrap();
+    server.cli(&["CONFIG", "RESETSTAT"]).unwrap();
+
+    let paused = Paused::pause(&server);
+    match locker.try_acquire("stuck", TTL).await {
+        Err(Error::Unavailable { .. }) => {}
+        other => panic!("a paused server: expected unavailable, got {other:?}"),
+    }
+    // The connection stalls once its oldest call is a response timeout old
+    // by the batcher's clock, which the call just failed may reach a hair
+    // before; a call written in that gap waits its whole timeout, once.
+    let mut refused_after = None;
+    for _ in 0..3 {
+        let asked = Instant::now();
+        match locker.try_acquire("other", TTL).await {
+            Err(e @ Error::Unavailable { .. }) if e.to_string().contains("not sent") => {
+                refused_after = Some(asked.elapsed());
+                break;
+            }
+            Err(Error::Unavailable { .. }) => {}
+            other => panic!("a paused server: expected unavailable, got {other:?}"),
+        }
+    }
+    let refused_after = refused_after.expect("a stalled connection refuses new calls");
+    assert!(
+        refused_after < RESPONSE_TIMEOUT / 2,
+        "refused only after {refused_after:?}"
+    );
+
+    drop(paused);
+    // The stuck acquire runs, then its give-back (a call of its own, as it
+    // waited for the acquire's answer); in the other order, the grant would
+    // stay for its whole TTL.
+    timeout(Duration::from_secs(10), async {
+        while server.command_calls("evalsha").unwrap() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the resumed server runs the stuck acquire and its give-back");
+    let lease = locker
+        .try_acquire("stuck", TTL)
+        .await
+        .expect("the stuck acquire was given back after it ran");
     locker.release(lease).await.unwrap();
 }

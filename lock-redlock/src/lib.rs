@@ -16,7 +16,8 @@ use lock_core::{
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, Handout, KeyLayout, RedisSettings, TokenRule};
+use lock_redis_wire::socket::Dial;
+use lock_redis_wire::{Batcher, Claim, Handout, KeyLayout, RedisSettings, Timeouts, TokenRule};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
@@ -273,18 +274,34 @@ fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec
         .set_response_timeout(Some(options.node_timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
+    let timeouts = Timeouts {
+        connect: options.connect_timeout,
+        response: options.node_timeout,
+    };
     (0..settings.servers.len())
         .map(|i| {
             let client = settings.client(i)?;
             let connection = ConnectionManager::new_lazy_with_config(client, config.clone())
                 .map_err(|e| lock_redis_wire::map_error(BACKEND, &settings.endpoints[i], e))?;
-            Ok(Node {
-                endpoint: settings.endpoints[i].clone(),
-                batcher: Batcher::start(
+            // Over plain TCP, acquires and releases take a connection of
+            // their own, opened in the background: a node down now is
+            // dialled again later, and one that stalls fails new requests
+            // at once (see `Batcher::connect_in_background`).
+            let batcher = match Dial::plain_tcp(&settings.servers[i], timeouts) {
+                Some(dial) => Batcher::connect_in_background(
+                    dial,
+                    TokenRule::CounterFirst,
+                    Handout::AllAtOnce,
+                ),
+                None => Batcher::start(
                     connection.clone(),
                     TokenRule::CounterFirst,
                     Handout::AllAtOnce,
                 ),
+            };
+            Ok(Node {
+                endpoint: settings.endpoints[i].clone(),
+                batcher,
                 connection,
             })
         })

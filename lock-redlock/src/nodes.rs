@@ -1,5 +1,7 @@
-//! The node set: one shared, multiplexed connection per node, and the
-//! fan-out that asks every node at once, each bounded by the per-node timeout.
+//! The node set: per node, a shared, multiplexed connection, and the
+//! batcher of acquires and releases (over a connection of its own where the
+//! node is reached over plain TCP); and the fan-out that asks every node at
+//! once, each bounded by the per-node timeout.
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,9 +19,10 @@ pub(crate) struct Node {
     pub endpoint: String,
     /// Multiplexed and self-reconnecting; clones share the one connection.
     pub connection: ConnectionManager,
-    /// Acquires and releases over `connection`, coalesced across callers and
-    /// kept in order. Both go through it, so that a release never overtakes
-    /// the acquire it cleans up after.
+    /// Acquires and releases, coalesced across callers and kept in order:
+    /// over a connection of its own (plain TCP), else over `connection`.
+    /// Both go through it, so that a release never overtakes the acquire it
+    /// cleans up after.
     pub batcher: Batcher,
 }
 

@@ -399,3 +399,32 @@ async fn one_node_is_a_single_node_not_a_quorum() {
         SafetyModel::QuorumWithTimingAssumptions
     );
 }
+
+/// A node down when the backend connects is dialled again in the
+/// background, and takes part once it is up; while it is down, a lock
+/// needs only the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_at_connect_takes_part_once_it_is_up() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    nodes.node(4).kill().expect("kill");
+    let (backend, locker) = connect(&nodes).await;
+    let lease = locker
+        .try_acquire("late-node", TTL)
+        .await
+        .expect("four of five grant");
+    locker.release(lease).await.expect("release on four");
+
+    nodes.node(4).restart().expect("start node 4 again");
+    // The dial that failed is retried after a pause of at most a second.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lease = locker.try_acquire("late-node", TTL).await.expect("acquire");
+        let joined = holds(&nodes, &backend, 4, "late-node");
+        locker.release(lease).await.expect("release");
+        if joined {
+            break;
+        }
+        assert!(Instant::now() < give_up, "node 4 never took part again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
