@@ -31,11 +31,10 @@ use crate::scripts::{self, Operation, TokenRule};
 /// call costs the server about 20,000 instructions beside its operations,
 /// and the client a `send` (on loopback, most of the client's CPU per
 /// call); on a machine whose CPUs the client and the server share, that
-/// is throughput. At 64 callers on
-/// two CPUs, the client's and the server's CPU per acquire+release pair
-/// fell from about 10.4 µs to 8.6 µs together, and pairs per second rose by
-/// about a sixth; at 1, 4, 16 and 256 callers nothing moved beyond the
-/// noise (`redis_pairs`).
+/// is throughput. At 64 callers on two CPUs, the client's and the server's
+/// CPU per acquire+release pair fell from about 10.4 µs to 8.6 µs
+/// together, and pairs per second rose by about a sixth; at 1, 4, 16 and
+/// 256 callers nothing moved beyond the noise (`redis_pairs`).
 ///
 /// Only for callers of one server ([`Handout::InRounds`]): a Redlock
 /// caller waits for a majority of the nodes, and a call held back on one
@@ -91,15 +90,18 @@ pub(super) async fn send_batches(
     }
     loop {
         queue.hand_out();
+        // Before writing: what a stalled connection refuses is never sent.
+        let stalls_at =
+            |on_wire: &VecDeque<Sent>| on_wire.front().map(|s| s.written + response_timeout);
+        let stalled = stalls_at(&on_wire).is_some_and(|at| Instant::now() >= at);
+        if stalled {
+            queue.refuse_unblocked(|| not_sent(response_timeout));
+        }
         if let Err(e) = write_batches(&mut line, &rule, &mut queue, &mut on_wire, &mut again).await
         {
             fail(&mut queue, &mut line, &mut on_wire, &mut again, e);
         }
-        let stalls_at = on_wire.front().map(|sent| sent.written + response_timeout);
-        let stalled = stalls_at.is_some_and(|at| Instant::now() >= at);
-        if stalled {
-            queue.refuse_unblocked(|| not_sent(response_timeout));
-        }
+        let stalls_at = stalls_at(&on_wire);
         if !open && on_wire.is_empty() && again.is_empty() && queue.is_empty() {
             return;
         }
