@@ -459,6 +459,13 @@ impl Report {
                     s.wake_up.as_deref().unwrap_or("")
                 ),
                 measured: worst.map_or("not measured".into(), |(p, w)| {
+                    let release = s
+                        .contended
+                        .iter()
+                        .find(|c| c.waiters == w)
+                        .map_or(String::new(), |c| {
+                            format!("; the release call itself: {}", us(c.release.p99_us))
+                        });
                     let floor = self
                         .handoff_floors(s)
                         .iter()
@@ -466,7 +473,7 @@ impl Report {
                         .map_or(String::new(), |f| {
                             format!("; the server alone, no library: {}", us(f.handoff.p99_us))
                         });
-                    format!("{} ({w} waiters{floor})", us(p))
+                    format!("{} ({w} waiters{release}{floor})", us(p))
                 }),
                 met: worst.map(|(p, _)| p < 5000.0),
             });
@@ -528,7 +535,7 @@ impl Report {
         md.push_str("\n## How each figure is taken\n\n");
         md.push_str("- **pairs/s**: T tasks, each locking and releasing a key of its own (`try_acquire` + `release`) for the phase; acquire latency is the `try_acquire` call alone.\n");
         md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them. CPU per pair: the Redis servers' (`INFO cpu`, summed over the nodes both clients use) and this process's (user + system, /proc/self/stat; the client's work and the lab's own timing of each call, the same for both), over each round, divided by its pairs; the median over the rounds. Client runtime: the Tokio runtime both clients run on, the lab's own (the one every other figure is taken on) unless the row says otherwise; Redis against rslock runs a second time on a runtime of one worker thread, since on a machine whose few CPUs the servers share, an idle second worker is woken to steal each burst of woken tasks and parks again, and what that costs a client depends on how its work comes in bursts.\n");
-        md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant. Before the first and after the last, the backend gives back what it keeps idle (`Locker::close_idle`: etcd's idle leases, PostgreSQL's idle connections), as it does after each backend's runs, so that no idle etcd lease expires on the server during a later measurement.\n");
+        md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant. Beside it, how long the release calls themselves took, from the call to its return: where a release waits for a commit (etcd, PostgreSQL), a handoff is no shorter than the server's part of it. Before the first and after the last, the backend gives back what it keeps idle (`Locker::close_idle`: etcd's idle leases, PostgreSQL's idle connections), as it does after each backend's runs, so that no idle etcd lease expires on the server during a later measurement.\n");
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
         if let Some(f) = &self.fan_out_floor {
@@ -619,7 +626,7 @@ impl Report {
 
     fn contended_table(&self) -> String {
         let mut md = String::from(
-            "## Contended: one key, W waiters\n\n| backend | waiters | grants/s | handoff p50 | handoff p99 | vs peer p99 | server ops per handoff |\n|---|---|---|---|---|---|---|\n",
+            "## Contended: one key, W waiters\n\n| backend | waiters | grants/s | handoff p50 | handoff p99 | vs peer p99 | server ops per handoff | release call p50 / p99 |\n|---|---|---|---|---|---|---|---|\n",
         );
         for s in &self.subjects {
             for c in &s.contended {
@@ -641,20 +648,22 @@ impl Report {
                 });
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} / {} |",
                     s.name,
                     c.waiters,
                     rate(c.grants_per_s),
                     us(c.handoff.p50_us),
                     us(c.handoff.p99_us),
                     ratio(c.handoff.p99_us, peer),
-                    ops
+                    ops,
+                    us(c.release.p50_us),
+                    us(c.release.p99_us),
                 );
             }
             for f in self.handoff_floors(s) {
                 let _ = writeln!(
                     md,
-                    "| {} server floor (watch ring, no library) | {} | {} | {} | {} | — | 2 writes, 1 event |",
+                    "| {} server floor (watch ring, no library) | {} | {} | {} | {} | — | 2 writes, 1 event | — |",
                     s.name,
                     f.waiters,
                     rate(f.handoffs_per_s),

@@ -45,6 +45,10 @@ pub struct Contended {
     pub handoff: Latency,
     /// The handoff distribution at the percentiles of `stats::CURVE`, µs.
     pub handoff_curve_us: Vec<f64>,
+    /// How long the releases themselves took, from the call to its return:
+    /// a handoff cannot be shorter than the server's part of a release
+    /// (for etcd and PostgreSQL, a commit).
+    pub release: Latency,
     /// Server-side operations per grant (see `counted`).
     pub server_ops_per_handoff: Option<f64>,
     /// What `server_ops_per_handoff` counts.
@@ -200,6 +204,7 @@ pub async fn contended(
             let (released_at, stop) = (released_at.clone(), stop.clone());
             tokio::spawn(async move {
                 let (mut gaps, mut grants, mut errors, mut first) = (Vec::new(), 0u64, 0u64, None);
+                let mut releases = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let held: Held = match client.acquire(&key, ttl, Duration::from_secs(30)).await
                     {
@@ -217,32 +222,44 @@ pub async fn contended(
                     if let Some(r) = last.take() {
                         gaps.push(nanos(granted - r));
                     }
-                    *last = Some(Instant::now());
+                    let release_started = Instant::now();
+                    *last = Some(release_started);
                     drop(last);
                     if let Err(e) = client.release(held).await {
                         errors += 1;
                         first.get_or_insert(e);
                     }
+                    releases.push(nanos(release_started.elapsed()));
                 }
-                (gaps, grants, errors, first)
+                (vec![(gaps, releases)], grants, errors, first)
             })
         })
         .collect();
     tokio::time::sleep(phase).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut gaps, grants, errors, first_error) = gather(handles).await;
+    let (samples, grants, errors, first_error) = gather(handles).await;
+    let (mut gaps, mut releases): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+    for (g, r) in samples {
+        gaps.extend(g);
+        releases.extend(r);
+    }
     let seconds = started.elapsed().as_secs_f64();
     let after = counter.snapshot().await;
     let server_ops = Counter::delta(&before, &after);
     let total: u64 = server_ops.values().sum();
     let (handoff, handoff_curve_us) = Latency::of(&mut gaps);
+    let (release, _) = Latency::of(&mut releases);
     Contended {
         waiters,
         grants,
         grants_per_s: grants as f64 / seconds,
         handoff,
         handoff_curve_us,
-        server_ops_per_handoff: (counter.counts() && grants > 0)
+        release,
+        // None counted: the server has not published them yet (PostgreSQL
+        // flushes a busy connection's statistics about once a second, so a
+        // short phase may show none), not a handoff that cost nothing.
+        server_ops_per_handoff: (counter.counts() && grants > 0 && total > 0)
             .then(|| total as f64 / grants as f64),
         counted: counter.how().to_owned(),
         server_ops,
