@@ -24,15 +24,18 @@
 //!
 //! Up to [`IN_FLIGHT`] batches are on the wire at once per server over the
 //! redis crate's connection, and up to [`IN_FLIGHT_ON_OWN_SOCKET`] over the
-//! batcher's own socket ([`Batcher::connect`], [`crate::socket`]), where a
-//! call waits for a few operations to share it once two are on the wire.
-//! Batches leave in the order their operations were asked, and an
-//! operation whose claim (lock and owner) is still on the wire waits, with
-//! everything asked after it, until that batch has answered and the
-//! claim's answer has been handed out: a release asked after an
-//! acquire (for instance the clean-up of an acquire whose caller stopped
-//! waiting) runs after it, even when the acquire is stuck on a paused
-//! server, and so does whatever was asked after the release. An acquire
+//! batcher's own socket ([`Batcher::connect`], [`crate::socket`]), where,
+//! for the callers of one server, a call waits for a few operations to
+//! share it once two are on the wire. Batches leave in the order their
+//! operations were asked, and an operation whose claim (lock and owner) is
+//! still on the wire waits, with everything asked after it, until that
+//! batch has answered and the claim's answer has been handed out: a
+//! release asked after an acquire (for instance the clean-up of an acquire
+//! whose caller stopped waiting) runs after it, even when the acquire is
+//! stuck on a paused server, and so does whatever was asked after the
+//! release. (On its own socket, a connection whose oldest call has gone
+//! unanswered for the response timeout refuses, unsent, what is asked
+//! then, but the operations of claims on the wire or waiting.) An acquire
 //! whose caller has already gone when its batch is formed is not sent at
 //! all, so it grants nothing.
 
@@ -170,9 +173,12 @@ impl Batcher {
     /// batches over it, handing the answers out as `handout` says (see
     /// [`crate::socket`] for why). Each caller waits at most the dial's
     /// response timeout for its answer. A broken connection fails the
-    /// calls on it, and the next call connects again; one the server
-    /// closes while idle is opened again at once. Must be called within a
-    /// Tokio runtime.
+    /// calls on it, and the next call connects again (after a failed dial,
+    /// not before a pause of 50 ms, doubling to 1 s); one the server closes
+    /// while idle is opened again at once. While its oldest call has gone
+    /// unanswered for the response timeout, what is asked fails at once,
+    /// unsent, but the operations of claims on the wire. Must be called
+    /// within a Tokio runtime.
     pub async fn connect(dial: Dial, rule: TokenRule, handout: Handout) -> RedisResult<Batcher> {
         let socket = dial.open().await?;
         Ok(Self::on_line(line::Line::open(dial, socket), rule, handout))
@@ -183,7 +189,9 @@ impl Batcher {
     /// For a server that may be down now and up later (a Redlock node): a
     /// dial that fails fails the calls waiting for it, and those asked
     /// during a pause after it (50 ms, doubling with each failure up to
-    /// 1 s), so that a server that is down costs a call no time.
+    /// 1 s), so that a server that refuses connections costs a call no
+    /// time. (A dial that gets no answer holds the calls asked meanwhile
+    /// for up to the connect timeout: the batching task waits for it.)
     pub fn connect_in_background(dial: Dial, rule: TokenRule, handout: Handout) -> Batcher {
         Self::on_line(line::Line::closed(dial), rule, handout)
     }
@@ -330,17 +338,18 @@ impl Queue {
         }
     }
 
-    /// Answers every waiting request with `error`, unsent, but those whose
-    /// claim is on the wire: they still wait for it, to run after it.
-    fn refuse_unblocked(&mut self, error: impl Fn() -> RedisError) {
-        let busy = &self.busy;
-        let (blocked, refused): (Vec<_>, Vec<_>) = self
-            .waiting
-            .drain(..)
-            .partition(|r| busy.contains(&r.claim.id()));
-        self.waiting = blocked;
-        for request in refused {
-            let _ = request.reply.send(Err(error()));
+    /// Answers with `error`, unsent, the requests that joined the queue
+    /// after the first `from`, but those whose claim is on the wire or has
+    /// an earlier request waiting: they wait, to run after it.
+    fn refuse_new(&mut self, from: usize, error: impl Fn() -> RedisError) {
+        let new = self.waiting.split_off(from.min(self.waiting.len()));
+        for request in new {
+            let id = request.claim.id();
+            if self.busy.contains(&id) || self.waiting.iter().any(|r| r.claim.id() == id) {
+                self.waiting.push(request);
+            } else {
+                let _ = request.reply.send(Err(error()));
+            }
         }
     }
 

@@ -264,13 +264,15 @@ impl RedlockBackend {
     }
 }
 
-/// One lazily connected, multiplexed connection per node.
+/// Per node, one lazily connected, multiplexed connection, and the batcher
+/// of acquires and releases.
 fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec<Node>> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.connect_timeout))
         // The per-node timeout bounds every request for its caller; on the
         // connection it also ends a batch stuck on a paused or unreachable
-        // node, so that the node's queue moves on rather than grow.
+        // node (over TLS or a Unix socket, where the batcher shares it), so
+        // that the node's queue moves on rather than grow.
         .set_response_timeout(Some(options.node_timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));

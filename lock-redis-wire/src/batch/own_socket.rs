@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
@@ -61,13 +62,14 @@ struct Sent {
 /// [`Batcher`](super::Batcher) is dropped.
 ///
 /// While the oldest call on the wire has gone unanswered for the response
-/// timeout (a paused or hung server), the connection is stalled: a new
-/// request fails at once, unsent, rather than queue behind calls that may
-/// never be answered (on a busy client, that queue would grow by every
+/// timeout (a paused or hung server), the connection is stalled: a request
+/// asked then fails at once, unsent, rather than queue behind calls that
+/// may never be answered (on a busy client, that queue would grow by every
 /// request until the server answers). Only a request whose claim is on the
-/// wire still waits for it (a release giving back a stuck acquire, say), so
-/// that it runs after it; there are no more of those than operations on the
-/// wire.
+/// wire, or waits already, still waits (a release giving back a stuck
+/// acquire, say), so that it runs after it; there are no more of those than
+/// operations on the wire and waiting. A request kept once, or asked before
+/// the stall, is never refused later: the call it follows may have run.
 pub(super) async fn send_batches(
     mut line: Line,
     rule: TokenRule,
@@ -90,21 +92,17 @@ pub(super) async fn send_batches(
     }
     loop {
         queue.hand_out();
-        // Before writing: what a stalled connection refuses is never sent.
-        let stalls_at =
-            |on_wire: &VecDeque<Sent>| on_wire.front().map(|s| s.written + response_timeout);
-        let stalled = stalls_at(&on_wire).is_some_and(|at| Instant::now() >= at);
-        if stalled {
-            queue.refuse_unblocked(|| not_sent(response_timeout));
-        }
         if let Err(e) = write_batches(&mut line, &rule, &mut queue, &mut on_wire, &mut again).await
         {
             fail(&mut queue, &mut line, &mut on_wire, &mut again, e);
         }
-        let stalls_at = stalls_at(&on_wire);
         if !open && on_wire.is_empty() && again.is_empty() && queue.is_empty() {
             return;
         }
+        let stalls_at = on_wire.front().map(|sent| sent.written + response_timeout);
+        let stalled = stalls_at.is_some_and(|at| Instant::now() >= at);
+        // The requests received in this pass are those after these.
+        let waited = queue.waiting();
         tokio::select! {
             biased;
             // Read also while no call is on the wire, so that a connection
@@ -133,14 +131,35 @@ pub(super) async fn send_batches(
                 open = received;
                 if open {
                     queue.gather_ready(&mut requests).await;
+                    // Replies that have come already are taken first: a
+                    // server that has just answered is not stalled.
+                    if let Some(read) = read_more(&mut line).now_or_never() {
+                        match read.and_then(|()| take_replies(&mut line, &mut queue, &mut on_wire, &mut again)) {
+                            Ok(taken) => answered |= taken > 0,
+                            Err(e) => fail(&mut queue, &mut line, &mut on_wire, &mut again, e),
+                        }
+                    }
+                    if on_wire.front().is_some_and(|sent| sent.written.elapsed() >= response_timeout) {
+                        queue.refuse_new(waited, || not_sent(response_timeout));
+                    }
                 }
             }
             // A full queue takes no requests, so the moment the connection
-            // stalls is awaited here (only then: a timer per pass costs).
-            () = sleep_until(stalls_at.unwrap_or_else(Instant::now)), if stalls_at.is_some() && !stalled && !queue.has_room() => {}
+            // stalls is awaited here.
+            () = sleep_until_if(stalls_at), if stalls_at.is_some() && !stalled && !queue.has_room() => {}
             // More answers to hand out: the callers answered so far go first.
             () = tokio::task::yield_now(), if queue.has_answers() => {}
         }
+    }
+}
+
+/// Sleeps until `at`; never ready without it. The timer is only made when
+/// polled (`select!` makes every branch's future on each pass, also a
+/// disabled one's).
+async fn sleep_until_if(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
