@@ -131,16 +131,21 @@ pub(super) async fn send_batches(
                 open = received;
                 if open {
                     queue.gather_ready(&mut requests).await;
-                    // Replies that have come already are taken first: a
-                    // server that has just answered is not stalled.
-                    if let Some(read) = read_more(&mut line).now_or_never() {
-                        match read.and_then(|()| take_replies(&mut line, &mut queue, &mut on_wire, &mut again)) {
-                            Ok(taken) => answered |= taken > 0,
-                            Err(e) => fail(&mut queue, &mut line, &mut on_wire, &mut again, e),
+                    let stalled_now = |on_wire: &VecDeque<Sent>| {
+                        on_wire.front().is_some_and(|sent| sent.written.elapsed() >= response_timeout)
+                    };
+                    if stalled_now(&on_wire) {
+                        // Replies that have come already are taken first: a
+                        // server that has just answered is not stalled.
+                        if let Some(read) = read_more(&mut line).now_or_never() {
+                            match read.and_then(|()| take_replies(&mut line, &mut queue, &mut on_wire, &mut again)) {
+                                Ok(taken) => answered |= taken > 0,
+                                Err(e) => fail(&mut queue, &mut line, &mut on_wire, &mut again, e),
+                            }
                         }
-                    }
-                    if on_wire.front().is_some_and(|sent| sent.written.elapsed() >= response_timeout) {
-                        queue.refuse_new(waited, || not_sent(response_timeout));
+                        if stalled_now(&on_wire) {
+                            queue.refuse_new(waited, || not_sent(response_timeout));
+                        }
                     }
                 }
             }
