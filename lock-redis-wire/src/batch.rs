@@ -174,8 +174,8 @@ impl Batcher {
     /// [`crate::socket`] for why). Each caller waits at most the dial's
     /// response timeout for its answer. A broken connection fails the
     /// calls on it, and the next call connects again (after a failed dial,
-    /// not before a pause of 50 ms, doubling to 1 s); one the server closes
-    /// while idle is opened again at once. While its oldest call has gone
+    /// not before a pause of up to 50 ms, doubling to up to 1 s); one the
+    /// server closes while idle is opened again at once. While its oldest call has gone
     /// unanswered for the response timeout, what is asked fails at once,
     /// unsent, but the operations of claims on the wire. Must be called
     /// within a Tokio runtime.
@@ -188,8 +188,8 @@ impl Batcher {
     /// is opened in the background, and calls asked meanwhile wait for it.
     /// For a server that may be down now and up later (a Redlock node): a
     /// dial that fails fails the calls waiting for it, and those asked
-    /// during a pause after it (50 ms, doubling with each failure up to
-    /// 1 s), so that a server that refuses connections costs a call no
+    /// during a pause after it (up to 50 ms, doubling with each failure,
+    /// with jitter, to up to 1 s), so that a server that refuses connections costs a call no
     /// time. (A dial that gets no answer holds the calls asked meanwhile
     /// for up to the connect timeout: the batching task waits for it.)
     pub fn connect_in_background(dial: Dial, rule: TokenRule, handout: Handout) -> Batcher {

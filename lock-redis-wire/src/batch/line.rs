@@ -5,20 +5,24 @@
 //! timeout. Dialled for every call, it would cost each call that time and
 //! the server a stream of connection attempts. So after a failed dial, the
 //! calls asked during a pause fail at once with that dial's error, and the
-//! pause doubles with each failure, up to [`MAX_REDIAL_PAUSE`].
+//! pause grows with each failure ([`REDIAL`]: lock-core's backoff, with its
+//! jitter, so that the clients of a server back up do not all dial at once).
 
 use std::time::Duration;
 
+use lock_core::Backoff;
 use redis::{RedisError, RedisResult};
 use tokio::time::Instant;
 
 use crate::socket::{Dial, Socket};
 
-/// The pause after the first failed dial.
-const FIRST_REDIAL_PAUSE: Duration = Duration::from_millis(50);
-
-/// The longest pause between dials: a server back up is used within a second.
-const MAX_REDIAL_PAUSE: Duration = Duration::from_secs(1);
+/// The pause after a failed dial: 25 to 50 ms after the first, doubling
+/// with each failure up to 0.5 to 1 s, so a server back up is used within
+/// a second.
+const REDIAL: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+};
 
 /// The connection: open, or closed since it broke or could not be opened.
 pub(super) struct Line {
@@ -33,8 +37,8 @@ struct Down {
     error: RedisError,
     /// No dial before this.
     retry_at: Instant,
-    /// The pause that led to `retry_at`.
-    pause: Duration,
+    /// Dials failed in a row, before this one.
+    failed_before: u32,
 }
 
 impl Line {
@@ -76,10 +80,8 @@ impl Line {
                     self.socket = Some(socket);
                 }
                 Err(error) => {
-                    let pause = self
-                        .down
-                        .as_ref()
-                        .map_or(FIRST_REDIAL_PAUSE, |d| (d.pause * 2).min(MAX_REDIAL_PAUSE));
+                    let failed_before = self.down.as_ref().map_or(0, |d| d.failed_before + 1);
+                    let pause = REDIAL.delay(failed_before);
                     tracing::debug!(
                         error = %crate::errors::describe(&error),
                         ?pause,
@@ -88,7 +90,7 @@ impl Line {
                     self.down = Some(Down {
                         error: error.clone(),
                         retry_at: Instant::now() + pause,
-                        pause,
+                        failed_before,
                     });
                     return Err(error);
                 }
