@@ -206,6 +206,16 @@ impl Batcher {
         }
     }
 
+    /// This batcher, with how long to wait for each answer left to its
+    /// callers: for callers that bound every call themselves (Redlock bounds
+    /// each fan-out to its nodes by the per-node timeout), where a timer per
+    /// call would be a second one. The connection still refuses new calls
+    /// while it is stalled.
+    pub fn bounded_by_callers(mut self) -> Batcher {
+        self.response_timeout = None;
+        self
+    }
+
     /// One acquire attempt, as [`scripts::acquire`] with this batcher's
     /// token rule. Queued when called, not when first polled, so requests
     /// made one after another go out in that order.

@@ -8,7 +8,6 @@ mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, GiveBack, Grant,
     Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
@@ -241,13 +240,15 @@ impl RedlockBackend {
     /// write-back to them.
     ///
     /// [`fence`]: Self::fence
-    async fn raise_late_grants(
+    async fn raise_late_grants<F>(
         self,
         keys: LockKeys,
-        mut late: nodes::Pending<AcquireReply>,
+        mut late: nodes::Pending<F>,
         top: FencingToken,
         ttl: Duration,
-    ) {
+    ) where
+        F: Future<Output = redis::RedisResult<AcquireReply>>,
+    {
         while let Some((i, answer)) = late.next().await {
             let Ok(AcquireReply::Granted(token)) = answer else {
                 continue;
@@ -290,11 +291,13 @@ fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec
             // dialled again later, and one that stalls fails new requests
             // at once (see `Batcher::connect_in_background`).
             let batcher = match Dial::plain_tcp(&settings.servers[i], timeouts) {
+                // Each fan-out bounds its nodes' answers itself.
                 Some(dial) => Batcher::connect_in_background(
                     dial,
                     TokenRule::CounterFirst,
                     Handout::AllAtOnce,
-                ),
+                )
+                .bounded_by_callers(),
                 None => Batcher::start(
                     connection.clone(),
                     TokenRule::CounterFirst,

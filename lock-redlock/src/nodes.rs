@@ -6,11 +6,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, join_all};
+use futures_util::StreamExt;
+use futures_util::future::{Join, Ready, join, ready};
 use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
 use lock_redis_wire::Batcher;
 use redis::aio::ConnectionManager;
+use tokio::time::Instant;
 
 /// One Redis master of the set.
 #[derive(Clone)]
@@ -42,9 +43,62 @@ pub(crate) struct Nodes {
 /// What one node did with one request: its answer, or why there is none.
 pub(crate) type NodeResult<T> = std::result::Result<T, String>;
 
-/// Answers still to come, each with its node's index, each bounded by the
-/// per-node timeout.
-pub(crate) type Pending<T> = FuturesUnordered<BoxFuture<'static, (usize, NodeResult<T>)>>;
+/// Answers still to come, each with its node's index, all bounded by the
+/// per-node timeout counted from when the nodes were asked: one timer for
+/// the whole fan-out rather than one per node (at high concurrency, timers
+/// per node call were a measurable share of a client's CPU).
+pub(crate) struct Pending<F: Future> {
+    answers: FuturesUnordered<Join<Ready<usize>, F>>,
+    /// Per node: asked, and not accounted for yet.
+    waiting: Vec<bool>,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl<T, F: Future<Output = redis::RedisResult<T>>> Pending<F> {
+    fn new(nodes: usize, timeout: Duration, asked: impl Iterator<Item = (usize, F)>) -> Pending<F> {
+        // Counted from before any request is built: no node's answer is
+        // awaited longer than the timeout.
+        let deadline = Instant::now() + timeout;
+        let mut waiting = vec![false; nodes];
+        let answers = asked
+            .map(|(i, request)| {
+                waiting[i] = true;
+                join(ready(i), request)
+            })
+            .collect();
+        Pending {
+            answers,
+            waiting,
+            deadline,
+            timeout,
+        }
+    }
+
+    /// The next node's answer, in the order they come. Once the deadline
+    /// has passed, each node still silent, as "no answer within" (its
+    /// request dropped). `None` when every asked node is accounted for.
+    pub(crate) async fn next(&mut self) -> Option<(usize, NodeResult<T>)> {
+        if !self.answers.is_empty() {
+            if let Ok(Some((i, answer))) =
+                tokio::time::timeout_at(self.deadline, self.answers.next()).await
+            {
+                self.waiting[i] = false;
+                let answer = answer.map_err(|e| lock_redis_wire::errors::describe(&e));
+                return Some((i, answer));
+            }
+            self.answers = FuturesUnordered::new();
+        }
+        let i = self.waiting.iter().position(|&w| w)?;
+        self.waiting[i] = false;
+        Some((i, Err(format!("no answer within {:?}", self.timeout))))
+    }
+
+    /// Whether every asked node is accounted for.
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.waiting.contains(&true)
+    }
+}
 
 impl Nodes {
     pub(crate) fn new(nodes: Vec<Node>, timeout: Duration) -> Self {
@@ -85,23 +139,14 @@ impl Nodes {
         &self,
         request: F,
         enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
-    ) -> (Vec<Option<NodeResult<T>>>, Pending<T>)
+    ) -> (Vec<Option<NodeResult<T>>>, Pending<Fut>)
     where
         F: Fn(&Node) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
-        T: Send + 'static,
+        Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let timeout = self.timeout;
         // Every request is built (and a batcher's queued) before any is awaited.
-        let mut pending: Pending<T> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let asked = request(node);
-                async move { (i, answer_within(timeout, asked).await) }.boxed()
-            })
-            .collect();
+        let asked = self.nodes.iter().map(request).enumerate();
+        let mut pending = Pending::new(self.nodes.len(), self.timeout, asked);
         let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
         while let Some((i, answer)) = pending.next().await {
             answers[i] = Some(answer);
@@ -123,26 +168,77 @@ impl Nodes {
         F: Fn(&Node) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let timeout = self.timeout;
-        join_all(self.nodes.iter().enumerate().map(|(i, node)| {
-            // Build every request before awaiting any: all go out together,
-            // and a batcher's requests are queued by the time this is first
-            // polled (the give-back of a dropped acquire relies on it).
-            let asked = which(i).then(|| request(node));
-            async move { Some(answer_within(timeout, asked?).await) }
-        }))
-        .await
+        // Build every request before awaiting any: all go out together, and
+        // a batcher's requests are queued by the time this is first polled
+        // (the give-back of a dropped acquire relies on it).
+        let asked = (self.nodes.iter().enumerate())
+            .filter(|&(i, _)| which(i))
+            .map(|(i, node)| (i, request(node)));
+        let mut pending = Pending::new(self.nodes.len(), self.timeout, asked);
+        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
+        while let Some((i, answer)) = pending.next().await {
+            answers[i] = Some(answer);
+        }
+        answers
     }
 }
 
-/// One node's answer to `asked`, or why there is none within `timeout`.
-async fn answer_within<T>(
-    timeout: Duration,
-    asked: impl Future<Output = redis::RedisResult<T>>,
-) -> NodeResult<T> {
-    match tokio::time::timeout(timeout, asked).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(lock_redis_wire::errors::describe(&e)),
-        Err(_) => Err(format!("no answer within {timeout:?}")),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+    use futures_util::future::BoxFuture;
+
+    type Asked = BoxFuture<'static, redis::RedisResult<u8>>;
+
+    fn answers_after(ms: u64, value: u8) -> Asked {
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(value)
+        }
+        .boxed()
+    }
+
+    fn never_answers() -> Asked {
+        std::future::pending().boxed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_deadline_bounds_every_node_and_answers_come_first() {
+        let timeout = Duration::from_millis(500);
+        let start = Instant::now();
+        let asked = [
+            (0, answers_after(0, 10)),
+            (1, never_answers()),
+            (2, answers_after(100, 12)),
+            (3, never_answers()),
+        ];
+        let mut pending = Pending::new(4, timeout, asked.into_iter());
+        assert_eq!(pending.next().await, Some((0, Ok(10))));
+        assert_eq!(pending.next().await, Some((2, Ok(12))));
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+        assert!(!pending.is_empty());
+        let silent = format!("no answer within {timeout:?}");
+        assert_eq!(pending.next().await, Some((1, Err(silent.clone()))));
+        assert_eq!(start.elapsed(), timeout);
+        assert_eq!(pending.next().await, Some((3, Err(silent))));
+        assert!(pending.is_empty());
+        assert_eq!(pending.next().await, None);
+        assert_eq!(
+            start.elapsed(),
+            timeout,
+            "no node is waited for past the deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nodes_not_asked_are_never_reported() {
+        let asked = [(0, answers_after(5, 1)), (2, never_answers())];
+        let mut pending = Pending::new(3, Duration::from_millis(50), asked.into_iter());
+        let mut reported = Vec::new();
+        while let Some((i, answer)) = pending.next().await {
+            reported.push((i, answer.is_ok()));
+        }
+        assert_eq!(reported, [(0, true), (2, false)]);
     }
 }
