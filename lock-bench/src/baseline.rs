@@ -32,6 +32,8 @@ pub struct BoundPoint {
 pub struct HandoffFloor {
     /// Waiting tasks.
     pub waiters: usize,
+    /// What the ring writes.
+    pub writes: crate::etcd_handoff::Writes,
     /// Handoffs per second.
     pub handoffs_per_s: f64,
     /// Start of a release to the next grant.

@@ -10,19 +10,51 @@
 //! for its own turn. So each handoff costs the least any watch-based etcd
 //! lock needs: a committed delete, a watch event, and a put to queue again;
 //! no leases, no reads.
+//!
+//! The ring runs twice: with plain deletes and puts, and with the lock's
+//! own transactions in their place (a delete only if the key is still the
+//! owner's, a put only if the key is new, with the reads of the queue that
+//! come with it). A lock that is safe to release needs the compare; and
+//! etcd 3.4 applies a transaction more slowly than a plain write (it copies
+//! its not yet flushed writes for the transaction's read view), so on etcd
+//! 3.4 the second ring is the floor for what the backend sends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchFilterType, WatchOptions,
+};
+use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::stats::{Latency, nanos};
 
+/// What the ring's tasks write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Writes {
+    /// A plain delete, and a plain put.
+    Plain,
+    /// The etcd backend's release and enqueue transactions.
+    LockTransactions,
+}
+
+impl Writes {
+    /// How the report names the ring.
+    pub fn label(self) -> &'static str {
+        match self {
+            Writes::Plain => "watch ring, plain writes",
+            Writes::LockTransactions => "watch ring, the lock's transactions",
+        }
+    }
+}
+
 /// How the floor is measured, for the report.
 pub fn method() -> String {
-    "W tasks in a ring over one etcd-client connection, each owning a key and watching its predecessor's for deletions (no leases, no reads): the holder deletes its key, whose watch event grants the next task, then puts it back; handoff = start of the delete to the event's arrival".into()
+    "W tasks in a ring over one etcd-client connection, each owning a key and watching its predecessor's for deletions (no leases): the holder deletes its key, whose watch event grants the next task, then puts it back; handoff = start of the delete to the event's arrival. Plain: Delete(key) and Put(key). With the lock's transactions: Txn(if create_revision(key)=r and value(key)=owner then Delete(key)), and Txn(if create_revision(key)=0 then Put(key), Get(ring, first created), Get(ring, keys only, 17 last created))".into()
 }
 
 /// One ring of `waiters` tasks for `phase`: the handoff gaps, and handoffs per second.
@@ -31,12 +63,20 @@ pub async fn floor(
     prefix: &str,
     waiters: usize,
     phase: Duration,
+    writes: Writes,
 ) -> Result<(Latency, Vec<f64>, f64), String> {
     let waiters = waiters.max(2);
-    let key = |i: usize| format!("{prefix}/ring{waiters}-{}", i % waiters);
+    let ring = format!("{prefix}/ring{waiters}-{writes:?}/");
+    let key = |i: usize| format!("{ring}{}", i % waiters);
     let mut c = client.clone();
+    // Each key's create revision, for the compare of its delete.
+    let mut created = Vec::with_capacity(waiters);
     for i in 0..waiters {
-        c.put(key(i), "", None).await.map_err(|e| e.to_string())?;
+        let put = c
+            .put(key(i), OWNER, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        created.push(put.header().map_or(0, |h| h.revision()));
     }
     // Every watch is set up before the first turn passes, so none misses it.
     let mut watches = Vec::with_capacity(waiters);
@@ -55,8 +95,9 @@ pub async fn floor(
     let handles: Vec<_> = watches
         .into_iter()
         .enumerate()
-        .map(|(i, (watcher, mut events))| {
-            let (mut c, mine) = (client.clone(), key(i));
+        .zip(created)
+        .map(|((i, (watcher, mut events)), mut created)| {
+            let (mut c, mine, ring) = (client.clone(), key(i), ring.clone());
             let (released_at, stop) = (released_at.clone(), stop.clone());
             tokio::spawn(async move {
                 let _watcher = watcher;
@@ -84,11 +125,22 @@ pub async fn floor(
                     holding = false;
                     // Pass the turn on even when stopping, so every task wakes and ends.
                     *released_at.lock().await = Some(Instant::now());
-                    c.delete(mine.as_str(), None).await?;
+                    match writes {
+                        Writes::Plain => drop(c.delete(mine.as_str(), None).await?),
+                        Writes::LockTransactions => {
+                            c.txn(release(&mine, created)).await?;
+                        }
+                    }
                     if stop.load(Ordering::Relaxed) {
                         return Ok::<_, etcd_client::Error>(gaps);
                     }
-                    c.put(mine.as_str(), "", None).await?;
+                    let put = match writes {
+                        Writes::Plain => c.put(mine.as_str(), OWNER, None).await?.take_header(),
+                        Writes::LockTransactions => {
+                            c.txn(enqueue(&mine, &ring)).await?.take_header()
+                        }
+                    };
+                    created = put.map_or(0, |h| h.revision());
                 }
             })
         })
@@ -109,4 +161,39 @@ pub async fn floor(
     let per_s = gaps.len() as f64 / seconds;
     let (latency, curve) = Latency::of(&mut gaps);
     Ok((latency, curve, per_s))
+}
+
+/// The value every ring key holds: an owner token's length.
+const OWNER: &str = "0123456789abcdef0123456789abcdef";
+
+/// The etcd backend's release: delete the key only if it is still the one
+/// created at `created`, with the owner's value.
+fn release(key: &str, created: i64) -> Txn {
+    Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, created),
+            Compare::value(key, CompareOp::Equal, OWNER),
+        ])
+        .and_then([TxnOp::delete(key, None)])
+}
+
+/// The etcd backend's enqueue: put the key only if it is new, and read the
+/// queue's head and its newest entries in the same transaction.
+fn enqueue(key: &str, ring: &str) -> Txn {
+    let head = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let newest = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(17);
+    Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, OWNER, None),
+            TxnOp::get(ring, Some(head)),
+            TxnOp::get(ring, Some(newest)),
+        ])
 }

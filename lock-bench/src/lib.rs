@@ -167,8 +167,9 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
     let chosen: Vec<_> = SUBJECTS.iter().filter(|(n, _)| wanted(n)).collect();
     let per_subject = plan.tasks.len() * 2 + plan.waiters.len() + 2;
+    // Two watch rings per waiter count: plain writes, the lock's transactions.
     let floors = if wanted("etcd") {
-        plan.waiters.len()
+        plan.waiters.len() * 2
     } else {
         0
     };
@@ -656,30 +657,36 @@ async fn etcd_bound(
             Err(e) => bound.errors.push(format!("{t} tasks: {e}")),
         }
     }
+    use etcd_handoff::Writes;
+    let floor_prefix = format!("{prefix}/floor");
     for &waiters in plan.waiters {
-        let _step = progress.step(format!(
-            "etcd watch ring (handoff floor): {waiters} waiters"
-        ));
-        match etcd_handoff::floor(
-            &client,
-            &format!("{prefix}/floor"),
-            waiters,
-            plan.contended_phase,
-        )
-        .await
-        {
-            Ok((handoff, handoff_curve_us, handoffs_per_s)) => {
-                bound.handoffs.push(baseline::HandoffFloor {
-                    waiters,
-                    handoffs_per_s,
-                    handoff,
-                    handoff_curve_us,
-                    method: etcd_handoff::method(),
-                })
+        for writes in [Writes::Plain, Writes::LockTransactions] {
+            let _step = progress.step(format!(
+                "etcd {} (handoff floor): {waiters} waiters",
+                writes.label()
+            ));
+            let ring = etcd_handoff::floor(
+                &client,
+                &floor_prefix,
+                waiters,
+                plan.contended_phase,
+                writes,
+            );
+            match ring.await {
+                Ok((handoff, handoff_curve_us, handoffs_per_s)) => {
+                    bound.handoffs.push(baseline::HandoffFloor {
+                        waiters,
+                        writes,
+                        handoffs_per_s,
+                        handoff,
+                        handoff_curve_us,
+                        method: etcd_handoff::method(),
+                    })
+                }
+                Err(e) => bound
+                    .errors
+                    .push(format!("{}, {waiters} waiters: {e}", writes.label())),
             }
-            Err(e) => bound
-                .errors
-                .push(format!("watch ring, {waiters} waiters: {e}")),
         }
     }
     bound

@@ -271,6 +271,9 @@ impl Report {
         for b in &self.bounds {
             if b.points.is_empty() {
                 out.push(format!("{}: no figures ({})", b.name, b.errors.join("; ")));
+            } else if !b.errors.is_empty() {
+                // A missing point or handoff floor is a missing figure too.
+                out.push(format!("{}: {}", b.name, b.errors.join("; ")));
             }
         }
         if let Some(i) = &self.server_instructions
@@ -466,13 +469,18 @@ impl Report {
                         .map_or(String::new(), |c| {
                             format!("; the release call itself: {}", us(c.release.p99_us))
                         });
-                    let floor = self
+                    let floor: String = self
                         .handoff_floors(s)
                         .iter()
-                        .find(|f| f.waiters == w)
-                        .map_or(String::new(), |f| {
-                            format!("; the server alone, no library: {}", us(f.handoff.p99_us))
-                        });
+                        .filter(|f| f.waiters == w)
+                        .map(|f| {
+                            format!(
+                                "; the server alone ({}): {}",
+                                f.writes.label(),
+                                us(f.handoff.p99_us)
+                            )
+                        })
+                        .collect();
                     format!("{} ({w} waiters{release}{floor})", us(p))
                 }),
                 met: worst.map(|(p, _)| p < 5000.0),
@@ -663,8 +671,9 @@ impl Report {
             for f in self.handoff_floors(s) {
                 let _ = writeln!(
                     md,
-                    "| {} server floor (watch ring, no library) | {} | {} | {} | {} | — | 2 writes, 1 event | — |",
+                    "| {} server floor ({}) | {} | {} | {} | {} | — | 2 writes, 1 event | — |",
                     s.name,
+                    f.writes.label(),
                     f.waiters,
                     rate(f.handoffs_per_s),
                     us(f.handoff.p50_us),
@@ -848,6 +857,34 @@ mod tests {
         assert_eq!(ratio(2.0, None), "—");
         assert_eq!(bytes(2048.0), "2.0 KiB");
         assert_eq!(bytes(-29.0), "≈ 0 B");
+    }
+
+    #[test]
+    fn a_baseline_missing_a_figure_is_a_failure() {
+        let mut report = Report::new(Mode::Quick, Machine::default());
+        let point = BoundPoint {
+            tasks: 1,
+            pairs_per_s: 400.0,
+            pipelined_pairs_per_s: None,
+            acquire_p50_us: None,
+            detail: String::new(),
+        };
+        report.bounds.push(Bound {
+            name: "bare etcd RPCs".into(),
+            method: String::new(),
+            points: vec![point],
+            handoffs: Vec::new(),
+            errors: Vec::new(),
+        });
+        assert!(report.failures().is_empty(), "{:?}", report.failures());
+        let ring = "watch ring, the lock's transactions, 8 waiters: etcd: timed out";
+        report.bounds[0].errors.push(ring.into());
+        assert_eq!(report.failures(), [format!("bare etcd RPCs: {ring}")]);
+        report.bounds[0].points.clear();
+        assert_eq!(
+            report.failures(),
+            [format!("bare etcd RPCs: no figures ({ring})")]
+        );
     }
 
     #[test]
