@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, Txn,
+    TxnOp, WatchFilterType, WatchOptions,
 };
 use serde::Serialize;
 use tokio::sync::Mutex;
@@ -69,13 +69,14 @@ pub async fn floor(
     let ring = format!("{prefix}/ring{waiters}-{writes:?}/");
     let key = |i: usize| format!("{ring}{}", i % waiters);
     let mut c = client.clone();
+    // A key left by an earlier ring would not be created anew below.
+    c.delete(ring.as_str(), Some(DeleteOptions::new().with_prefix()))
+        .await
+        .map_err(etcd)?;
     // Each key's create revision, for the compare of its delete.
     let mut created = Vec::with_capacity(waiters);
     for i in 0..waiters {
-        let put = c
-            .put(key(i), OWNER, None)
-            .await
-            .map_err(|e| e.to_string())?;
+        let put = c.put(key(i), OWNER, None).await.map_err(etcd)?;
         created.push(put.header().map_or(0, |h| h.revision()));
     }
     // Every watch is set up before the first turn passes, so none misses it.
@@ -83,11 +84,7 @@ pub async fn floor(
     for i in 0..waiters {
         let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let predecessor = key(i + waiters - 1);
-        watches.push(
-            c.watch(predecessor, Some(options))
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+        watches.push(c.watch(predecessor, Some(options)).await.map_err(etcd)?);
     }
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -108,8 +105,9 @@ pub async fn floor(
                     if !holding {
                         let turn = events
                             .message()
-                            .await?
-                            .ok_or_else(|| etcd_client::Error::WatchError("watch ended".into()))?;
+                            .await
+                            .map_err(etcd)?
+                            .ok_or("etcd: the watch ended")?;
                         if !turn
                             .events()
                             .iter()
@@ -126,18 +124,30 @@ pub async fn floor(
                     // Pass the turn on even when stopping, so every task wakes and ends.
                     *released_at.lock().await = Some(Instant::now());
                     match writes {
-                        Writes::Plain => drop(c.delete(mine.as_str(), None).await?),
+                        Writes::Plain => drop(c.delete(mine.as_str(), None).await.map_err(etcd)?),
                         Writes::LockTransactions => {
-                            c.txn(release(&mine, created)).await?;
+                            let done = c.txn(release(&mine, created)).await.map_err(etcd)?;
+                            // Not deleted: the successor would never wake.
+                            if !done.succeeded() {
+                                return Err(format!("{mine}: the release's compare failed"));
+                            }
                         }
                     }
                     if stop.load(Ordering::Relaxed) {
-                        return Ok::<_, etcd_client::Error>(gaps);
+                        return Ok(gaps);
                     }
                     let put = match writes {
-                        Writes::Plain => c.put(mine.as_str(), OWNER, None).await?.take_header(),
+                        Writes::Plain => c
+                            .put(mine.as_str(), OWNER, None)
+                            .await
+                            .map_err(etcd)?
+                            .take_header(),
                         Writes::LockTransactions => {
-                            c.txn(enqueue(&mine, &ring)).await?.take_header()
+                            let mut done = c.txn(enqueue(&mine, &ring)).await.map_err(etcd)?;
+                            if !done.succeeded() {
+                                return Err(format!("{mine}: the enqueue's compare failed"));
+                            }
+                            done.take_header()
                         }
                     };
                     created = put.map_or(0, |h| h.revision());
@@ -147,16 +157,24 @@ pub async fn floor(
         .collect();
     tokio::time::sleep(phase).await;
     stop.store(true, Ordering::Relaxed);
-    let mut gaps = Vec::new();
-    for h in handles {
-        let task = tokio::time::timeout(Duration::from_secs(10), h)
-            .await
-            .map_err(|_| "a ring task did not end".to_string())?;
-        gaps.extend(
-            task.map_err(|e| e.to_string())?
-                .map_err(|e| format!("etcd: {e}"))?,
-        );
+    let mut handles = handles;
+    let ended = async {
+        let mut gaps = Vec::new();
+        for h in &mut handles {
+            let task = tokio::time::timeout(Duration::from_secs(10), h)
+                .await
+                .map_err(|_| "a ring task did not end".to_string())?;
+            gaps.extend(task.map_err(|e| e.to_string())??);
+        }
+        Ok::<_, String>(gaps)
+    };
+    let ended = ended.await;
+    // After a failure, the tasks still waiting for a turn that will not
+    // come (each holding a watch) end here.
+    for h in &handles {
+        h.abort();
     }
+    let mut gaps = ended?;
     let seconds = started.elapsed().as_secs_f64();
     let per_s = gaps.len() as f64 / seconds;
     let (latency, curve) = Latency::of(&mut gaps);
@@ -196,4 +214,8 @@ fn enqueue(key: &str, ring: &str) -> Txn {
             TxnOp::get(ring, Some(head)),
             TxnOp::get(ring, Some(newest)),
         ])
+}
+
+fn etcd(e: etcd_client::Error) -> String {
+    format!("etcd: {e}")
 }

@@ -252,7 +252,9 @@ impl Report {
         }
     }
 
-    /// The subjects that produced no figures, with why.
+    /// What produced no figures, or not all of its own, with why: a
+    /// subject without figures, and a baseline without points or missing
+    /// any of its points or handoff floors.
     pub fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         for s in &self.subjects {

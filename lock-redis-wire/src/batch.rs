@@ -172,7 +172,8 @@ impl Batcher {
     /// Opens a connection of its own to the server `dial` names, and sends
     /// batches over it, handing the answers out as `handout` says (see
     /// [`crate::socket`] for why). Each caller waits at most the dial's
-    /// response timeout for its answer. A broken connection fails the
+    /// response timeout for its answer (unless the batcher is
+    /// [`bounded_by_callers`](Self::bounded_by_callers)). A broken connection fails the
     /// calls on it, and the next call connects again (after a failed dial,
     /// not before a pause of up to 50 ms, doubling to up to 1 s); one the
     /// server closes while idle is opened again at once. While its oldest call has gone

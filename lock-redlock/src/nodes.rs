@@ -4,14 +4,15 @@
 //! once, each bounded by the per-node timeout.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::{Join, Ready, join, ready};
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use lock_redis_wire::Batcher;
 use redis::aio::ConnectionManager;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// One Redis master of the set.
 #[derive(Clone)]
@@ -51,7 +52,11 @@ pub(crate) struct Pending<F: Future> {
     answers: FuturesUnordered<Join<Ready<usize>, F>>,
     /// Per node: asked, and not accounted for yet.
     waiting: Vec<bool>,
-    deadline: Instant,
+    /// Fires at the deadline; registered with the timer only once awaited.
+    /// `None` for a timeout too long for the clock: no deadline at all.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// The deadline has passed: what is not in yet will not be waited for.
+    expired: bool,
     timeout: Duration,
 }
 
@@ -59,7 +64,9 @@ impl<T, F: Future<Output = redis::RedisResult<T>>> Pending<F> {
     fn new(nodes: usize, timeout: Duration, asked: impl Iterator<Item = (usize, F)>) -> Pending<F> {
         // Counted from before any request is built: no node's answer is
         // awaited longer than the timeout.
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .map(|at| Box::pin(tokio::time::sleep_until(at)));
         let mut waiting = vec![false; nodes];
         let answers = asked
             .map(|(i, request)| {
@@ -71,27 +78,42 @@ impl<T, F: Future<Output = redis::RedisResult<T>>> Pending<F> {
             answers,
             waiting,
             deadline,
+            expired: false,
             timeout,
         }
     }
 
     /// The next node's answer, in the order they come. Once the deadline
-    /// has passed, each node still silent, as "no answer within" (its
-    /// request dropped). `None` when every asked node is accounted for.
+    /// has passed, the answers already in, then each node still silent, as
+    /// "no answer within" (its request dropped). `None` when every asked
+    /// node is accounted for.
     pub(crate) async fn next(&mut self) -> Option<(usize, NodeResult<T>)> {
-        if !self.answers.is_empty() {
-            if let Ok(Some((i, answer))) =
-                tokio::time::timeout_at(self.deadline, self.answers.next()).await
-            {
-                self.waiting[i] = false;
-                let answer = answer.map_err(|e| lock_redis_wire::errors::describe(&e));
-                return Some((i, answer));
+        if !self.expired && !self.answers.is_empty() {
+            let answer = match &mut self.deadline {
+                Some(deadline) => tokio::select! {
+                    biased;
+                    answer = self.answers.next() => answer,
+                    () = deadline.as_mut() => None,
+                },
+                None => self.answers.next().await,
+            };
+            if let Some(answer) = answer {
+                return Some(self.answered(answer));
             }
-            self.answers = FuturesUnordered::new();
+            self.expired = true;
         }
+        if let Some(Some(answer)) = self.answers.next().now_or_never() {
+            return Some(self.answered(answer));
+        }
+        self.answers.clear();
         let i = self.waiting.iter().position(|&w| w)?;
         self.waiting[i] = false;
         Some((i, Err(format!("no answer within {:?}", self.timeout))))
+    }
+
+    fn answered(&mut self, (i, answer): (usize, redis::RedisResult<T>)) -> (usize, NodeResult<T>) {
+        self.waiting[i] = false;
+        (i, answer.map_err(|e| lock_redis_wire::errors::describe(&e)))
     }
 
     /// Whether every asked node is accounted for.
@@ -186,14 +208,15 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::FutureExt;
     use futures_util::future::BoxFuture;
 
     type Asked = BoxFuture<'static, redis::RedisResult<u8>>;
 
     fn answers_after(ms: u64, value: u8) -> Asked {
         async move {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            if ms > 0 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             Ok(value)
         }
         .boxed()
@@ -221,6 +244,7 @@ mod tests {
         let silent = format!("no answer within {timeout:?}");
         assert_eq!(pending.next().await, Some((1, Err(silent.clone()))));
         assert_eq!(start.elapsed(), timeout);
+        assert!(!pending.is_empty(), "node 3 is not accounted for yet");
         assert_eq!(pending.next().await, Some((3, Err(silent))));
         assert!(pending.is_empty());
         assert_eq!(pending.next().await, None);
@@ -229,6 +253,29 @@ mod tests {
             timeout,
             "no node is waited for past the deadline"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_in_before_a_late_look_are_not_lost_at_the_deadline() {
+        // As the late answers of an acquire that returned at a majority:
+        // looked at again only after the deadline has passed.
+        let timeout = Duration::from_millis(50);
+        let asked = [(0, never_answers()), (1, answers_after(0, 11))];
+        let mut pending = Pending::new(2, timeout, asked.into_iter());
+        tokio::time::sleep(timeout * 4).await;
+        assert_eq!(pending.next().await, Some((1, Ok(11))));
+        let silent = format!("no answer within {timeout:?}");
+        assert_eq!(pending.next().await, Some((0, Err(silent))));
+        assert!(pending.is_empty());
+        assert_eq!(pending.next().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_too_long_for_the_clock_waits_without_a_deadline() {
+        let asked = [(0, answers_after(1_000, 7))];
+        let mut pending = Pending::new(1, Duration::MAX, asked.into_iter());
+        assert_eq!(pending.next().await, Some((0, Ok(7))));
+        assert_eq!(pending.next().await, None);
     }
 
     #[tokio::test(start_paused = true)]

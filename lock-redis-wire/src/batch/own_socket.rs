@@ -3,7 +3,8 @@
 //!
 //! The server answers the calls of one connection in the order they were
 //! written, so the batches on the wire are a queue and each reply belongs
-//! to the oldest. A caller that gave up waiting (its response timeout) does
+//! to the oldest. A caller that gave up waiting (its response timeout, or
+//! its own bound where the batcher leaves the wait to its callers) does
 //! not take its batch off that queue: the reply still comes, in its turn,
 //! and what the caller asks next (giving back an acquire it never learned
 //! the answer of, say) is written after it, so the server runs it after.
