@@ -111,6 +111,23 @@ impl<T, F: Future<Output = redis::RedisResult<T>>> Pending<F> {
         Some((i, Err(format!("no answer within {:?}", self.timeout))))
     }
 
+    /// Per node, its answer as they come, until `enough` holds for them or
+    /// every asked node is accounted for; `None` for a node not asked or
+    /// not accounted for yet.
+    async fn answers_until(
+        &mut self,
+        enough: impl Fn(&[Option<NodeResult<T>>]) -> bool,
+    ) -> Vec<Option<NodeResult<T>>> {
+        let mut answers: Vec<Option<NodeResult<T>>> = self.waiting.iter().map(|_| None).collect();
+        while let Some((i, answer)) = self.next().await {
+            answers[i] = Some(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
+    }
+
     fn answered(&mut self, (i, answer): (usize, redis::RedisResult<T>)) -> (usize, NodeResult<T>) {
         self.waiting[i] = false;
         (i, answer.map_err(|e| lock_redis_wire::errors::describe(&e)))
@@ -169,13 +186,7 @@ impl Nodes {
         // Every request is built (and a batcher's queued) before any is awaited.
         let asked = self.nodes.iter().map(request).enumerate();
         let mut pending = Pending::new(self.nodes.len(), self.timeout, asked);
-        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
-        while let Some((i, answer)) = pending.next().await {
-            answers[i] = Some(answer);
-            if enough(&answers) {
-                break;
-            }
-        }
+        let answers = pending.answers_until(enough).await;
         (answers, pending)
     }
 
@@ -196,12 +207,9 @@ impl Nodes {
         let asked = (self.nodes.iter().enumerate())
             .filter(|&(i, _)| which(i))
             .map(|(i, node)| (i, request(node)));
-        let mut pending = Pending::new(self.nodes.len(), self.timeout, asked);
-        let mut answers: Vec<Option<NodeResult<T>>> = self.nodes.iter().map(|_| None).collect();
-        while let Some((i, answer)) = pending.next().await {
-            answers[i] = Some(answer);
-        }
-        answers
+        Pending::new(self.nodes.len(), self.timeout, asked)
+            .answers_until(|_| false)
+            .await
     }
 }
 
