@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p lock-bench --example rslock_pairs -- redis://127.0.0.1:6379 64 5
 //! ```
-//! Arguments: URL, tasks (default 1), seconds (default 5). The Tokio runtime
+//! Arguments: URL (several, comma-separated, for as many nodes), tasks (default 1), seconds (default 5). The Tokio runtime
 //! has one worker thread per CPU unless `TOKIO_WORKER_THREADS` says otherwise.
 
 use std::sync::Arc;
@@ -27,7 +27,9 @@ async fn main() -> Result<(), String> {
     let tasks: u64 = number(args.next(), 1, "tasks")?;
     let seconds: u64 = number(args.next(), 5, "seconds")?;
 
-    let manager = Arc::new(rslock::LockManager::new(vec![url]));
+    let manager = Arc::new(rslock::LockManager::new(
+        url.split(',').map(str::to_owned).collect::<Vec<_>>(),
+    ));
     let pairs = Arc::new(AtomicU64::new(0));
     let run = |until: Instant, count: bool| {
         (0..tasks)

@@ -170,13 +170,9 @@ if shared then
   end
 else
   -- A counter of the lock's own (Redis Cluster, Redlock), kept while it
-  -- tracks the clock, plus the TTL and a second.
+  -- tracks the clock, plus the TTL and a second. Under counter-first, this
+  -- seeds a counter that an INCR found missing (see the grant below).
   first_token = function(counter, ttl)
-    if counter_first then
-      local token = redis.call('INCR', counter)
-      -- 1: there was no counter; seed it from the clock below.
-      if token ~= 1 then return token end
-    end
     read_clock()
     local keep = ttl + 1000
     local old = tonumber(redis.call('SET', counter, now_text, 'PX', keep, 'GET'))
@@ -277,18 +273,28 @@ for i = 1, n do
     end
     if granted then
       -- The grant's token. No token, no grant.
+      local ok, token = true, nil
       if last then
         last = last + 1
-        out[i] = last
-      else
-        local ok, token = pcall(first_token, counter, ttl, i)
-        if ok then
-          out[i] = token
-          if shared then last = token end
-        else
-          redis.pcall('DEL', lock)
-          out[i] = error_text(token)
+        token = last
+      elseif counter_first then
+        -- Inline, the common path: the lock's counter exists already.
+        token = redis.pcall('INCR', counter)
+        if token == 1 then
+          -- There was no counter: seeded from the clock.
+          ok, token = pcall(first_token, counter, ttl, i)
+        elseif type(token) == 'table' then
+          ok = false
         end
+      else
+        ok, token = pcall(first_token, counter, ttl, i)
+        if ok and shared then last = token end
+      end
+      if ok then
+        out[i] = token
+      else
+        redis.pcall('DEL', lock)
+        out[i] = error_text(token)
       end
     end
     if shared then k = k + 1 else k = k + 2 end
@@ -474,11 +480,7 @@ pub fn batch_command(
     rule: &TokenRule,
     operations: &[(&crate::LockKeys, &str, Operation)],
 ) -> redis::Cmd {
-    batch_call(
-        redis::cmd("EVALSHA").arg(SCRIPTS.batch.get_hash()),
-        rule,
-        operations,
-    )
+    batch_call("EVALSHA", SCRIPTS.batch.get_hash(), rule, operations)
 }
 
 /// [`batch_command`] as an `EVAL` with the script's text, which also loads
@@ -487,12 +489,14 @@ pub fn batch_command_with_text(
     rule: &TokenRule,
     operations: &[(&crate::LockKeys, &str, Operation)],
 ) -> redis::Cmd {
-    batch_call(redis::cmd("EVAL").arg(BATCH_LUA), rule, operations)
+    batch_call("EVAL", BATCH_LUA, rule, operations)
 }
 
-/// `call` (the script, by hash or text) followed by the arguments of `operations`.
+/// `command` with `script` (its hash or its text), followed by the
+/// arguments of `operations`.
 fn batch_call(
-    call: &mut redis::Cmd,
+    command: &str,
+    script: &str,
     rule: &TokenRule,
     operations: &[(&crate::LockKeys, &str, Operation)],
 ) -> redis::Cmd {
@@ -531,8 +535,18 @@ fn batch_call(
             Operation::Release { .. } => 'r',
         })
         .collect();
-    let mut cmd = std::mem::take(call);
-    cmd.arg(keys);
+    // Sized once, generously: a batch of dozens of operations would
+    // otherwise grow the command's buffer many times over, copying it each
+    // time (in a Redlock client at 64 tasks, about 4% of its CPU).
+    let per_operation: usize = operations
+        .iter()
+        .map(|(keys, owner, _)| keys.lock.len() + keys.counter.len() + owner.len() + 2 * 20)
+        .sum();
+    let mut cmd = redis::Cmd::with_capacity(
+        8 + 4 * operations.len(),
+        128 + script.len() + letters.len() + per_operation,
+    );
+    cmd.arg(command).arg(script).arg(keys);
     if let Some(counter) = shared {
         cmd.arg(counter);
     }

@@ -128,6 +128,15 @@ impl<T, F: Future<Output = redis::RedisResult<T>>> Pending<F> {
         answers
     }
 
+    /// The answers already in, taken without waiting.
+    pub(crate) fn ready(&mut self) -> Vec<(usize, NodeResult<T>)> {
+        let mut ready = Vec::new();
+        while let Some(Some(answer)) = self.answers.next().now_or_never() {
+            ready.push(self.answered(answer));
+        }
+        ready
+    }
+
     fn answered(&mut self, (i, answer): (usize, redis::RedisResult<T>)) -> (usize, NodeResult<T>) {
         self.waiting[i] = false;
         (i, answer.map_err(|e| lock_redis_wire::errors::describe(&e)))
