@@ -296,6 +296,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn ready_takes_the_answers_in_and_leaves_the_rest_to_come() {
+        let asked = [
+            (0, answers_after(0, 1)),
+            (1, answers_after(10, 2)),
+            (2, answers_after(0, 3)),
+        ];
+        let mut pending = Pending::new(3, Duration::from_millis(50), asked.into_iter());
+        let mut ready = pending.ready();
+        ready.sort_by_key(|(i, _)| *i);
+        assert_eq!(ready, [(0, Ok(1)), (2, Ok(3))]);
+        assert!(!pending.is_empty(), "node 1 has not answered yet");
+        assert_eq!(pending.ready(), [], "nothing more is in");
+        assert_eq!(pending.next().await, Some((1, Ok(2))));
+        assert!(pending.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn nodes_not_asked_are_never_reported() {
         let asked = [(0, answers_after(5, 1)), (2, never_answers())];
         let mut pending = Pending::new(3, Duration::from_millis(50), asked.into_iter());
