@@ -1,6 +1,6 @@
 //! rslock's uncontended acquire+release pairs per second, the peer's side of
-//! `lock-redis`'s `redis_pairs` example: each task locks and releases its
-//! own key in a loop, over one shared `LockManager` on one node.
+//! lockkit's `pairs` example: each task locks and releases its own key in
+//! a loop, over one shared `LockManager` on the nodes given.
 //!
 //! ```text
 //! cargo run --release -p lock-bench --example rslock_pairs -- redis://127.0.0.1:6379 64 5

@@ -36,7 +36,7 @@ use crate::scripts::{self, Operation, TokenRule};
 /// is throughput. At 64 callers on two CPUs, the client's and the server's
 /// CPU per acquire+release pair fell from about 10.4 µs to 8.6 µs
 /// together, and pairs per second rose by about a sixth; at 1, 4, 16 and
-/// 256 callers nothing moved beyond the noise (`redis_pairs`).
+/// 256 callers nothing moved beyond the noise (the `pairs` example).
 ///
 /// Only for callers of one server ([`Handout::InRounds`]): a Redlock
 /// caller waits for a majority of the nodes, and a call held back on one
