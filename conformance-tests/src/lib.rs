@@ -2,6 +2,7 @@
 
 pub mod cases;
 mod fixture;
+mod waiting_signal;
 
 pub use fixture::{Fixture, ForceRelease, Sabotage, server_url, unique_key};
 

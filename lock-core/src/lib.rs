@@ -32,7 +32,7 @@ pub use locker::{Locker, LockerOptions};
 pub use memory::MemoryBackend;
 pub use operator::HeldLock;
 pub use owner::{OwnerToken, Secret};
-pub use wait::{Backoff, Waiting};
+pub use wait::{Backoff, WAITING_EVENT_TARGET, Waiting};
 
 /// The trait's async methods are declared with this macro; backends use it too.
 pub use async_trait::async_trait;

@@ -7,6 +7,14 @@ use tokio::time::Instant;
 
 use crate::{Error, Grant, LockBackend, LockKey, OwnerToken, Result};
 
+/// The target of the `DEBUG` event (message `waiting`) an acquire
+/// emits when it starts to wait: once refused, with its wake-up in place
+/// (the default strategy, etcd's queue), or as its blocking request goes
+/// out (PostgreSQL, whose server queues it if the row is held). A release
+/// after it is one the waiter is there for; tests await it rather than
+/// guess how long a waiter takes to get there.
+pub const WAITING_EVENT_TARGET: &str = "lockkit::waiting";
+
 /// How long to sleep between attempts while waiting: exponential from
 /// `initial` to `max`, each delay drawn at random from its upper half so
 /// that waiters do not retry in lockstep.
@@ -137,6 +145,9 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
         if !subscribed && last_error.is_none() {
             subscribed = true;
             continue;
+        }
+        if tries == 0 {
+            tracing::debug!(target: WAITING_EVENT_TARGET, key = %key, "waiting");
         }
         let mut delay = wait.backoff.delay(tries).min(wait.until - now);
         if let Some(remaining) = hint {

@@ -64,6 +64,8 @@ impl EtcdBackend {
         wait: &Waiting,
         last_error: &mut Option<Error>,
     ) -> Result<Option<Grant>> {
+        // Queued: a release from here on passes the lock along the queue.
+        tracing::debug!(target: lock_core::WAITING_EVENT_TARGET, key = %key, "waiting");
         let queue = self.queue(key);
         // Keep-alives while waiting, so a wait longer than the TTL keeps its place.
         let every = ttl / 3;

@@ -7,14 +7,18 @@ use std::time::Duration;
 
 use lock_core::{Backoff, Error, WakeUp};
 use tokio::time::Instant;
+use tracing::instrument::WithSubscriber;
 
 use super::{LONG_TTL, SLACK, expiry_wait, short, within};
 use crate::Fixture;
+use crate::waiting_signal::waiting_signal;
 
 /// A waiter on another client gets the lock soon after the holder
 /// releases. Where the backend wakes waiters, the waiter's polling is set
 /// to once a minute and its lease is renewed (which may re-check the
 /// queue) only every 40 s, so a handoff within 5 s is the wake-up's doing.
+/// The release comes once the waiter has said it waits (the backends'
+/// waiting event).
 pub async fn acquire_succeeds_soon_after_release(fx: &Fixture) {
     let key = fx.key("handoff");
     let holder = fx
@@ -29,15 +33,24 @@ pub async fn acquire_succeeds_soon_after_release(fx: &Fixture) {
             max: Duration::from_secs(60),
         };
     }
+    let (signal, mut waiting) = waiting_signal();
     let waiter = {
         let (locker, key) = (fx.other.clone().with_options(options), key.clone());
-        tokio::spawn(async move {
-            let lease = locker.acquire(&key, LONG_TTL * 4, LONG_TTL * 2).await;
-            (lease, Instant::now())
-        })
+        tokio::spawn(
+            async move {
+                let lease = locker.acquire(&key, LONG_TTL * 4, LONG_TTL * 2).await;
+                (lease, Instant::now())
+            }
+            .with_subscriber(signal),
+        )
     };
-    // Give the waiter a moment to start waiting.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    within(
+        LONG_TTL,
+        "the waiter starts to wait",
+        waiting.wait_for(|&started| started),
+    )
+    .await
+    .expect("the waiter's signal");
     assert!(!waiter.is_finished(), "the waiter did not wait");
     let released_at = Instant::now();
     fx.locker.release(holder).await.expect("release");
