@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! cargo run --release -p lock-bench --example rslock_pairs -- redis://127.0.0.1:6379 64 5
+//! cargo run --release -p lock-bench --example rslock_pairs -- \
+//!     redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 64 5
 //! ```
 //! Arguments: URL (several, comma-separated, for as many nodes), tasks (default 1), seconds (default 5). The Tokio runtime
 //! has one worker thread per CPU unless `TOKIO_WORKER_THREADS` says otherwise.

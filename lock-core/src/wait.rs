@@ -7,12 +7,21 @@ use tokio::time::Instant;
 
 use crate::{Error, Grant, LockBackend, LockKey, OwnerToken, Result};
 
-/// The target of the `DEBUG` event (message `waiting`) an acquire
-/// emits when it starts to wait: once refused, with its wake-up in place
-/// (the default strategy, etcd's queue), or as its blocking request goes
-/// out (PostgreSQL, whose server queues it if the row is held). A release
-/// after it is one the waiter is there for; tests await it rather than
-/// guess how long a waiter takes to get there.
+/// The target of the `DEBUG` event (message `waiting`, field `key`) an
+/// acquire emits when it starts to wait, so that a release from then on is
+/// one its wake-up is there for:
+/// - the default strategy: refused once more after asking for release
+///   messages, before its first sleep (or, while the server is
+///   unreachable, before its first retry). Its wake-up catches a release
+///   from then on, by the message or, on Redis, by the check it makes once
+///   subscribed.
+/// - etcd: its entry queued behind another. The queue's watch, or the check
+///   that follows setting it up, sees the release.
+/// - PostgreSQL: as its blocking `SELECT ... FOR UPDATE` goes out, which
+///   the server queues while the row is held. So it comes for an
+///   uncontended acquire too.
+///
+/// Tests await it rather than guess how long a waiter takes to get there.
 pub const WAITING_EVENT_TARGET: &str = "lockkit::waiting";
 
 /// How long to sleep between attempts while waiting: exponential from

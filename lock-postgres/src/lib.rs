@@ -288,6 +288,8 @@ impl PostgresBackend {
                 .await?
                 .map_err(|e| errors::connect(endpoint, e))?;
             let statement = if wait.is_some() {
+                // The server queues this request while the row is held.
+                tracing::debug!(target: lock_core::WAITING_EVENT_TARGET, key = %key, "waiting");
                 &inner.statements.lock_wait
             } else {
                 &inner.statements.lock_nowait
@@ -440,10 +442,6 @@ impl LockBackend for PostgresBackend {
             } else {
                 Some(left)
             };
-            if tries == 0 && attempt.is_some() {
-                // The server queues this request if the row is held.
-                tracing::debug!(target: lock_core::WAITING_EVENT_TARGET, key = %key, "waiting");
-            }
             match self.grant(key, ttl, attempt).await {
                 Err(Error::Contended { .. }) => return Err(wait.timed_out(key)),
                 Err(e @ Error::Unavailable { .. }) => {

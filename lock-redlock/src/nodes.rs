@@ -313,6 +313,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn ready_takes_an_answer_that_came_after_it_was_waited_for() {
+        // As after a majority: the late node was polled (and not ready)
+        // while the others were awaited, and answers while nobody looks.
+        // Node 1 is asked first, so it is polled before node 0 answers.
+        let late = tokio::time::sleep(Duration::from_millis(10));
+        let asked = [
+            (
+                1,
+                async move {
+                    late.await;
+                    Ok(2)
+                }
+                .boxed(),
+            ),
+            (0, answers_after(0, 1)),
+        ];
+        let mut pending = Pending::new(2, Duration::from_millis(50), asked.into_iter());
+        assert_eq!(pending.next().await, Some((0, Ok(1))));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(pending.ready(), [(1, Ok(2))]);
+        assert!(pending.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn nodes_not_asked_are_never_reported() {
         let asked = [(0, answers_after(5, 1)), (2, never_answers())];
         let mut pending = Pending::new(3, Duration::from_millis(50), asked.into_iter());

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use lock_core::{Backoff, Error, WakeUp};
 use tokio::time::Instant;
-use tracing::instrument::WithSubscriber;
 
 use super::{LONG_TTL, SLACK, expiry_wait, short, within};
 use crate::Fixture;
@@ -33,16 +32,13 @@ pub async fn acquire_succeeds_soon_after_release(fx: &Fixture) {
             max: Duration::from_secs(60),
         };
     }
-    let (signal, mut waiting) = waiting_signal();
+    let mut waiting = waiting_signal(&key);
     let waiter = {
         let (locker, key) = (fx.other.clone().with_options(options), key.clone());
-        tokio::spawn(
-            async move {
-                let lease = locker.acquire(&key, LONG_TTL * 4, LONG_TTL * 2).await;
-                (lease, Instant::now())
-            }
-            .with_subscriber(signal),
-        )
+        tokio::spawn(async move {
+            let lease = locker.acquire(&key, LONG_TTL * 4, LONG_TTL * 2).await;
+            (lease, Instant::now())
+        })
     };
     within(
         LONG_TTL,
