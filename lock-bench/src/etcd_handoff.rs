@@ -17,16 +17,16 @@
 //! come with it). A lock that is safe to release needs the compare; and
 //! etcd 3.4 applies a transaction more slowly than a plain write (it copies
 //! its not yet flushed writes for the transaction's read view), so on etcd
-//! 3.4 the second ring is the floor for what the backend sends.
+//! 3.4 the second ring is the floor for what the backend sends. Its keys
+//! and transactions are built by the backend's own code
+//! (`lockkit::etcd::transactions`), so the floor follows any change to them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, Txn,
-    TxnOp, WatchFilterType, WatchOptions,
-};
+use etcd_client::{Client, DeleteOptions, EventType, WatchFilterType, WatchOptions};
+use lockkit::etcd::transactions;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -66,8 +66,12 @@ pub async fn floor(
     writes: Writes,
 ) -> Result<(Latency, Vec<f64>, f64), String> {
     let waiters = waiters.max(2);
+    // The ring's keys are the entries of one lock's queue, laid out as the
+    // etcd backend lays them out, a slot per task (no leases).
     let ring = format!("{prefix}/ring{waiters}-{writes:?}/");
-    let key = |i: usize| format!("{ring}{}", i % waiters);
+    let lock =
+        lockkit::validate::key("ring", &lockkit::Limits::default()).map_err(|e| e.to_string())?;
+    let key = |i: usize| transactions::entry(&ring, &lock, (i % waiters) as i64);
     let mut c = client.clone();
     // A key left by an earlier ring would not be created anew below.
     c.delete(ring.as_str(), Some(DeleteOptions::new().with_prefix()))
@@ -94,7 +98,8 @@ pub async fn floor(
         .enumerate()
         .zip(created)
         .map(|((i, (watcher, mut events)), mut created)| {
-            let (mut c, mine, ring) = (client.clone(), key(i), ring.clone());
+            let (mut c, mine, ring, lock) = (client.clone(), key(i), ring.clone(), lock.clone());
+            let named = String::from_utf8_lossy(&mine).into_owned();
             let (released_at, stop) = (released_at.clone(), stop.clone());
             tokio::spawn(async move {
                 let _watcher = watcher;
@@ -124,12 +129,13 @@ pub async fn floor(
                     // Pass the turn on even when stopping, so every task wakes and ends.
                     *released_at.lock().await = Some(Instant::now());
                     match writes {
-                        Writes::Plain => drop(c.delete(mine.as_str(), None).await.map_err(etcd)?),
+                        Writes::Plain => drop(c.delete(mine.clone(), None).await.map_err(etcd)?),
                         Writes::LockTransactions => {
-                            let done = c.txn(release(&mine, created)).await.map_err(etcd)?;
+                            let release = transactions::release(&mine, created, OWNER);
+                            let done = c.txn(release).await.map_err(etcd)?;
                             // Not deleted: the successor would never wake.
                             if !done.succeeded() {
-                                return Err(format!("{mine}: the release's compare failed"));
+                                return Err(format!("{named}: the release's compare failed"));
                             }
                         }
                     }
@@ -138,14 +144,15 @@ pub async fn floor(
                     }
                     let put = match writes {
                         Writes::Plain => c
-                            .put(mine.as_str(), OWNER, None)
+                            .put(mine.clone(), OWNER, None)
                             .await
                             .map_err(etcd)?
                             .take_header(),
                         Writes::LockTransactions => {
-                            let mut done = c.txn(enqueue(&mine, &ring)).await.map_err(etcd)?;
+                            let enqueue = transactions::enqueue(&ring, &lock, &mine, 0, OWNER);
+                            let mut done = c.txn(enqueue).await.map_err(etcd)?;
                             if !done.succeeded() {
-                                return Err(format!("{mine}: the enqueue's compare failed"));
+                                return Err(format!("{named}: the enqueue's compare failed"));
                             }
                             done.take_header()
                         }
@@ -183,38 +190,6 @@ pub async fn floor(
 
 /// The value every ring key holds: an owner token's length.
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
-
-/// The etcd backend's release: delete the key only if it is still the one
-/// created at `created`, with the owner's value.
-fn release(key: &str, created: i64) -> Txn {
-    Txn::new()
-        .when([
-            Compare::create_revision(key, CompareOp::Equal, created),
-            Compare::value(key, CompareOp::Equal, OWNER),
-        ])
-        .and_then([TxnOp::delete(key, None)])
-}
-
-/// The etcd backend's enqueue: put the key only if it is new, and read the
-/// queue's head and its newest entries in the same transaction.
-fn enqueue(key: &str, ring: &str) -> Txn {
-    let head = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1);
-    let newest = GetOptions::new()
-        .with_prefix()
-        .with_keys_only()
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(17);
-    Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(key, OWNER, None),
-            TxnOp::get(ring, Some(head)),
-            TxnOp::get(ring, Some(newest)),
-        ])
-}
 
 fn etcd(e: etcd_client::Error) -> String {
     format!("etcd: {e}")

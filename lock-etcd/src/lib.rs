@@ -7,6 +7,7 @@ mod feed;
 mod lease_pool;
 mod leases;
 mod queue;
+pub mod transactions;
 mod waiting;
 mod wake;
 
