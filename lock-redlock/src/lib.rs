@@ -542,22 +542,41 @@ impl LockBackend for RedlockBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let claim = &Claim::new(self.keys(lease.key()), lease.owner());
-        let answers = self
+        let q = quorum(self.inner.nodes.len());
+        let deleted_by = |answers: &[Option<NodeResult<bool>>]| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Some(Ok(true))))
+                .count()
+        };
+        // Returns once a majority has deleted the grant: the lock is gone
+        // then, and the other nodes' answers would only make the caller wait
+        // for the slowest node. Their deletes are queued already and still
+        // run (a batcher sends a release whether or not its answer is
+        // awaited), before any later request of this client's on that node.
+        let (answers, _late) = self
             .inner
             .nodes
-            .ask_all(|node| {
-                node.batcher
-                    .release(claim.clone(), lease.fencing_token().get())
-            })
+            .ask_all_until(
+                |node| {
+                    node.batcher
+                        .release(claim.clone(), lease.fencing_token().get())
+                },
+                |answers| deleted_by(answers) >= q,
+            )
             .await;
         // Held means held by a majority: a grant left on a minority (after a
         // lost extend, say) is not a lock, and releasing it reports that.
-        let deleted = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let unknown = answers.iter().filter(|a| a.is_err()).count();
-        let q = quorum(answers.len());
-        if deleted >= q {
+        if deleted_by(&answers) >= q {
             return Ok(());
         }
+        // Short of a majority, every node is accounted for.
+        let answers: Vec<NodeResult<bool>> = answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err("no answer".into())))
+            .collect();
+        let deleted = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let unknown = answers.iter().filter(|a| a.is_err()).count();
         if deleted + unknown < q {
             return Err(Error::lost(lease.key().as_str(), LostReason::NotHeld));
         }
