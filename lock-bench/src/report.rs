@@ -406,13 +406,18 @@ impl Report {
             measured: lat.map_or("not measured".into(), |v| {
                 let floor = self.fan_out_floor.as_ref().map_or(String::new(), |f| {
                     format!(
-                        "; the servers alone, raw sockets: {:.2}x for this acquire ({} vs {}), {:.2}x for PING ({} vs {})",
+                        "; the servers alone, raw sockets, until a majority answered and until all {n} did: {:.2}x and {:.2}x for this acquire ({} and {} vs {}), {:.2}x and {:.2}x for PING ({} and {} vs {})",
+                        f.script_majority_ratio(),
                         f.script_ratio(),
+                        us(f.script_majority_p50_us),
                         us(f.script_fan_out_p50_us),
                         us(f.script_single_p50_us),
+                        f.majority_ratio(),
                         f.ratio(),
+                        us(f.majority_p50_us),
                         us(f.fan_out_p50_us),
-                        us(f.single_p50_us)
+                        us(f.single_p50_us),
+                        n = f.nodes,
                     )
                 });
                 format!(
