@@ -362,21 +362,9 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         // Loss detection, from a second Locker.
         let step = progress.step(format!("{name}: loss detection"));
         let operator = match *name {
-            "memory" => Ok(scenarios::Remover::Operator(locker.clone())),
-            // Redlock has no force_release: the grant is deleted on every node.
-            "redlock" => counters::redis_nodes(&url)
-                .await
-                .map(scenarios::Remover::RedisDel),
-            _ => connect(name, &url)
-                .await
-                .map(|(l, _, _)| scenarios::Remover::Operator(l)),
+            "memory" => Ok(locker.clone()),
+            _ => connect(name, &url).await.map(|(l, _, _)| l),
         };
-        if *name == "redlock" {
-            s.notes.push(
-                "loss: redlock has no force_release; the grant is removed by DEL on every node"
-                    .into(),
-            );
-        }
         match operator {
             Ok(op) => {
                 s.loss = Some(

@@ -360,39 +360,10 @@ pub async fn many_keys(
     result
 }
 
-/// How a grant is removed behind its holder's back.
-pub enum Remover {
-    /// `force_release` on a second `Locker`.
-    Operator(Locker),
-    /// `DEL` of the lock's Redis key on every node (default key layout).
-    RedisDel(Vec<redis::aio::MultiplexedConnection>),
-}
-
-impl Remover {
-    async fn remove(&self, key: &str) -> Result<bool, String> {
-        match self {
-            Remover::Operator(l) => l.force_release(key).await.map_err(|e| e.to_string()),
-            Remover::RedisDel(nodes) => {
-                let lock = lock_redis_wire::KeyLayout::default().keys(key).lock;
-                let mut removed = 0;
-                for node in nodes {
-                    let mut c = node.clone();
-                    removed += redis::cmd("DEL")
-                        .arg(&lock)
-                        .query_async::<i64>(&mut c)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(removed > 0)
-            }
-        }
-    }
-}
-
 /// Holds a guard, removes its grant behind its back, and times `lost()`.
 pub async fn loss(
     locker: &Locker,
-    operator: &Remover,
+    operator: &Locker,
     prefix: &str,
     samples: usize,
     ttl: Duration,
@@ -410,7 +381,11 @@ pub async fn loss(
         };
         let lost = guard.lost();
         let t0 = Instant::now();
-        match operator.remove(&key).await {
+        match operator
+            .force_release(&key)
+            .await
+            .map_err(|e| e.to_string())
+        {
             Ok(true) => {}
             Ok(false) => {
                 errors.push("force_release found nothing to remove".into());

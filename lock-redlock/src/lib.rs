@@ -347,8 +347,13 @@ impl LockBackend for RedlockBackend {
         &self.inner.capabilities
     }
 
-    /// Deletes the grant on every node; reports whether any node had it.
-    /// Needs a majority of the nodes to answer, or the grant may survive.
+    /// Deletes the grant on every node; reports whether it was a lock: held
+    /// by a majority, or by some and possibly by enough of the nodes that
+    /// did not answer to make one. A grant on a minority only (a release
+    /// that returned once a majority had deleted it, its deletes on the
+    /// others still on their way, say) is deleted too, and reported as no
+    /// lock. Needs a majority of the nodes to answer, or the grant may
+    /// survive.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let keys = &self.keys(key);
         let answers = self
@@ -366,7 +371,10 @@ impl LockBackend for RedlockBackend {
                 tally.to_error("force release", &self.inner.endpoints),
             ));
         }
-        Ok(tally.done().any(|(_, deleted)| *deleted))
+        let q = quorum(tally.nodes());
+        let had = tally.done().filter(|(_, deleted)| **deleted).count();
+        let silent = tally.nodes() - tally.done_count();
+        Ok(had >= q || (had > 0 && had + silent >= q))
     }
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
