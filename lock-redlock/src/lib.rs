@@ -560,8 +560,10 @@ impl LockBackend for RedlockBackend {
         // Returns once a majority has deleted the grant: the lock is gone
         // then, and the other nodes' answers would only make the caller wait
         // for the slowest node. Their deletes are queued already and still
-        // run (a batcher sends a release whether or not its answer is
-        // awaited), before any later request of this client's on that node.
+        // go out (a batcher sends a queued release whether or not its answer
+        // is awaited), ahead of this client's later acquires and releases on
+        // that node. A node that fails its delete keeps a minority grant
+        // until its TTL, as it would had its answer been awaited.
         let (answers, _late) = self
             .inner
             .nodes

@@ -327,6 +327,55 @@ async fn an_acquire_returns_at_a_majority_and_a_late_grant_gets_the_token() {
     }
 }
 
+/// A release returns once a majority has deleted the grant, without waiting
+/// for a paused node; the paused node's delete, already sent, runs when it
+/// resumes, so it keeps no grant for the rest of the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_returns_at_a_majority_and_a_paused_node_deletes_later() {
+    let nodes = RedisNodes::start(5).expect("5 redis nodes");
+    // A node timeout far beyond the test: waiting for the paused node would show.
+    let options = RedlockOptions::default().node_timeout(Duration::from_secs(60));
+    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend.clone());
+    let lease = locker
+        .try_acquire("slow-release", TTL)
+        .await
+        .expect("grant");
+    assert!(
+        holds(&nodes, &backend, 4, "slow-release"),
+        "node 4 lacks the grant"
+    );
+    let paused = Paused::pause(&nodes, &[4]);
+
+    let started = Instant::now();
+    locker.release(lease).await.expect("release on four nodes");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the release waited {took:?} for the paused node"
+    );
+    let cleared = (0..4)
+        .filter(|&i| !holds(&nodes, &backend, i, "slow-release"))
+        .count();
+    assert!(
+        cleared >= 3,
+        "only {cleared} live nodes had deleted the grant"
+    );
+
+    drop(paused);
+    // Long before the grant's TTL would remove it.
+    let give_up = Instant::now() + Duration::from_secs(2);
+    while holds(&nodes, &backend, 4, "slow-release") {
+        assert!(
+            Instant::now() < give_up,
+            "the resumed node kept the grant: its delete never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A grant that survives on a minority only (the majority lost it) is not a
 /// lock: extend reports it lost and clears the minority so it blocks nobody
 /// for a TTL, release reports it lost too, and force release finds no lock.
