@@ -577,16 +577,13 @@ impl LockBackend for RedlockBackend {
             .await;
         // Held means held by a majority: a grant left on a minority (after a
         // lost extend, say) is not a lock, and releasing it reports that.
-        if deleted_by(&answers) >= q {
+        let deleted = deleted_by(&answers);
+        if deleted >= q {
             return Ok(());
         }
-        // Short of a majority, every node is accounted for.
-        let answers: Vec<NodeResult<bool>> = answers
-            .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err("no answer".into())))
-            .collect();
-        let deleted = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let unknown = answers.iter().filter(|a| a.is_err()).count();
+        // Short of a majority, every node is accounted for (`None` would be
+        // a node not heard from all the same).
+        let unknown = answers.iter().filter(|a| !matches!(a, Some(Ok(_)))).count();
         if deleted + unknown < q {
             return Err(Error::lost(lease.key().as_str(), LostReason::NotHeld));
         }
@@ -595,8 +592,9 @@ impl LockBackend for RedlockBackend {
             answers
                 .into_iter()
                 .map(|a| match a {
-                    Ok(_) => Reply::Refused { remaining: None },
-                    Err(why) => Reply::Failed(why),
+                    Some(Ok(_)) => Reply::Refused { remaining: None },
+                    Some(Err(why)) => Reply::Failed(why),
+                    None => Reply::Failed("no answer".into()),
                 })
                 .collect(),
         );

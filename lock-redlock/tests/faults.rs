@@ -30,6 +30,32 @@ fn holds(nodes: &RedisNodes, backend: &RedlockBackend, i: usize, key: &str) -> b
         == "1"
 }
 
+/// Waits until node `i` no longer holds `key`'s grant: its delete was sent
+/// along with a release that returned once a majority had deleted it. Two
+/// seconds, far below the grant's TTL, so that a grant that merely expired
+/// does not pass.
+async fn await_deleted(nodes: &RedisNodes, backend: &RedlockBackend, i: usize, key: &str) {
+    let give_up = Instant::now() + Duration::from_secs(2);
+    while holds(nodes, backend, i, key) {
+        assert!(
+            Instant::now() < give_up,
+            "node {i} kept the grant of {key} after the release: its delete never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A backend whose node timeout is far beyond any test: a call that waited
+/// for a paused node would show.
+async fn connect_patient(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
+    let options = RedlockOptions::default().node_timeout(Duration::from_secs(60));
+    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend.clone());
+    (backend, locker)
+}
+
 /// Resumes paused nodes even when an assertion fails, so that dropping the
 /// node set can reap them.
 struct Paused<'a>(&'a RedisNodes, Vec<usize>);
@@ -274,13 +300,7 @@ async fn tokens_keep_increasing_after_two_nodes_restart_empty() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_returns_at_a_majority_and_a_late_grant_gets_the_token() {
     let nodes = RedisNodes::start(5).expect("5 redis nodes");
-    // A node timeout far beyond the test: waiting for the paused node would show.
-    let node_timeout = Duration::from_secs(60);
-    let options = RedlockOptions::default().node_timeout(node_timeout);
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
-        .await
-        .expect("connect");
-    let locker = Locker::new(backend.clone());
+    let (backend, locker) = connect_patient(&nodes).await;
     let counter = backend.redis_keys("late").counter;
     // Node 4's counter far behind the others' (which start at their clock).
     nodes.node(4).cli(&["SET", &counter, "1"]).expect("SET");
@@ -314,17 +334,7 @@ async fn an_acquire_returns_at_a_majority_and_a_late_grant_gets_the_token() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     locker.release(lease).await.expect("release");
-    // The release returns once a majority has deleted the grant; node 4's
-    // delete, sent with theirs, lands soon after, long before the grant's
-    // TTL would remove it.
-    let give_up = Instant::now() + Duration::from_secs(2);
-    while holds(&nodes, &backend, 4, "late") {
-        assert!(
-            Instant::now() < give_up,
-            "the late node kept the grant after the release"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    await_deleted(&nodes, &backend, 4, "late").await;
 }
 
 /// A release returns once a majority has deleted the grant, without waiting
@@ -333,12 +343,7 @@ async fn an_acquire_returns_at_a_majority_and_a_late_grant_gets_the_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_returns_at_a_majority_and_a_paused_node_deletes_later() {
     let nodes = RedisNodes::start(5).expect("5 redis nodes");
-    // A node timeout far beyond the test: waiting for the paused node would show.
-    let options = RedlockOptions::default().node_timeout(Duration::from_secs(60));
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
-        .await
-        .expect("connect");
-    let locker = Locker::new(backend.clone());
+    let (backend, locker) = connect_patient(&nodes).await;
     let lease = locker
         .try_acquire("slow-release", TTL)
         .await
@@ -365,15 +370,7 @@ async fn a_release_returns_at_a_majority_and_a_paused_node_deletes_later() {
     );
 
     drop(paused);
-    // Long before the grant's TTL would remove it.
-    let give_up = Instant::now() + Duration::from_secs(2);
-    while holds(&nodes, &backend, 4, "slow-release") {
-        assert!(
-            Instant::now() < give_up,
-            "the resumed node kept the grant: its delete never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    await_deleted(&nodes, &backend, 4, "slow-release").await;
 }
 
 /// A grant that survives on a minority only (the majority lost it) is not a
