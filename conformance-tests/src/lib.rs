@@ -17,6 +17,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@cases $fixture;
             mutual_exclusion,
             try_acquire_on_held_key_is_contended,
+            busy_reads_as_contended_at_every_entry_point,
             keys_are_independent,
             release_then_reacquire,
             closing_idle_resources_keeps_held_locks,

@@ -36,7 +36,10 @@ impl DriftMargin {
         } else {
             self.fraction.clamp(0.0, 1.0)
         };
-        ttl.mul_f64(fraction).saturating_add(self.fixed)
+        // `mul_f64` panics past `Duration::MAX`; such a margin is the whole clock.
+        Duration::try_from_secs_f64(ttl.as_secs_f64() * fraction)
+            .unwrap_or(Duration::MAX)
+            .saturating_add(self.fixed)
     }
 
     /// How long a grant of `ttl` may be trusted from its request's send
@@ -49,7 +52,10 @@ impl DriftMargin {
     /// server starts the TTL no earlier than it received the request, so
     /// counting from the send time errs on the safe side.
     pub fn deadline(&self, sent_at: Instant, ttl: Duration, extra: Duration) -> Instant {
-        sent_at + self.validity(ttl, extra)
+        // Validated TTLs are at most a day; an unchecked one must not panic.
+        sent_at
+            .checked_add(self.validity(ttl, extra))
+            .unwrap_or(sent_at)
     }
 }
 

@@ -137,6 +137,11 @@ pub enum LostReason {
     ConnectionLost,
     /// The lease was released.
     Released,
+    /// The grant's reply came after the lease's validity (its TTL less the
+    /// drift margin, counted from when the request was sent) had run out:
+    /// the request or its reply was delayed that long. The grant was given
+    /// back; a wait with time left asks again.
+    ReplyTooLate,
 }
 
 impl std::fmt::Display for LostReason {
@@ -148,6 +153,10 @@ impl std::fmt::Display for LostReason {
             LostReason::DeadlinePassed => "its deadline passed before a renewal succeeded",
             LostReason::ConnectionLost => "the connection holding the grant was lost",
             LostReason::Released => "it was released",
+            LostReason::ReplyTooLate => {
+                "the grant's reply came too late: its validity (the TTL less the drift margin, \
+                 counted from the request) had run out on the way, so it was given back"
+            }
         })
     }
 }

@@ -166,7 +166,21 @@ async fn keep_renewed(
 ) {
     let lose = |reason| status.send_modify(|s| s.lost = Some(reason));
     let retry = (every / 4).max(Duration::from_millis(5));
-    let mut next = Instant::now() + every;
+    let drift = locker.options().drift;
+    // Renew once `every` has passed since the request that won the grant
+    // (or its latest renewal) was sent, whenever its reply came: a grant
+    // backdated by a slow reply, a reused etcd lease or Redlock's fencing
+    // round has less time left than its validity.
+    let due = |lease: &Lease| {
+        let unspent = drift
+            .validity(lease.ttl(), Duration::ZERO)
+            .saturating_sub(every);
+        lease
+            .deadline()
+            .checked_sub(unspent)
+            .unwrap_or_else(Instant::now)
+    };
+    let mut next = due(&lease);
     loop {
         tokio::select! {
             biased;
@@ -197,7 +211,7 @@ async fn keep_renewed(
                 match timeout_at(lease.deadline(), locker.extend(&mut lease, ttl)).await {
                     Ok(Ok(())) => {
                         status.send_modify(|s| s.deadline = lease.deadline());
-                        next = Instant::now() + every;
+                        next = due(&lease);
                     }
                     Ok(Err(Error::Lost { reason, .. })) => {
                         lose(reason);

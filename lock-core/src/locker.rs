@@ -110,27 +110,43 @@ impl Locker {
     /// One attempt to take `key` for `ttl`. Returns the lease, or
     /// [`Error::Contended`] (with the holder's remaining TTL when the backend
     /// knows it) without waiting.
+    ///
+    /// A grant whose reply came after its validity ran out is given back in
+    /// the background and reported as [`Error::Lost`] with
+    /// [`LostReason::ReplyTooLate`].
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease> {
         let span = self.span("try_acquire", key);
         async {
             let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
-            let owner = OwnerToken::random();
-            let grant = crate::wait::attempt(&*self.backend, &key, &owner, ttl).await?;
-            self.lease_from(key, owner, ttl, grant).await
+            self.attempt(key, ttl).await
         }
         .instrument(span)
         .await
     }
 
+    async fn attempt(&self, key: LockKey, ttl: Duration) -> Result<Lease> {
+        let owner = OwnerToken::random();
+        let grant = crate::wait::attempt(&*self.backend, &key, &owner, ttl).await?;
+        self.lease_from(key, owner, ttl, grant)
+    }
+
     /// Takes `key` for `ttl`, waiting up to `wait` for the holder to let go.
-    /// Gives up with [`Error::TimedOut`]. Dropping the future cancels the
-    /// wait; a grant won just before that is given back at once, or lapses
-    /// after its TTL should the server be out of reach.
+    /// Gives up with [`Error::TimedOut`]; with a `wait` of zero it makes one
+    /// attempt, like [`try_acquire`](Self::try_acquire), and a held key
+    /// answers [`Error::Contended`]. Dropping the future cancels the wait; a
+    /// grant won just before that is given back at once, or lapses after its
+    /// TTL should the server be out of reach.
+    ///
+    /// A grant whose reply came after its validity ran out is given back in
+    /// the background, and the wait goes on while it has time left.
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Lease> {
         let span = self.span("acquire", key);
         async {
             let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
-            let owner = OwnerToken::random();
+            if wait.is_zero() {
+                // "Busy" reads the same from every entry point: Contended.
+                return self.attempt(key, ttl).await;
+            }
             let started = Instant::now();
             let waiting = Waiting {
                 started,
@@ -141,13 +157,25 @@ impl Locker {
                     .unwrap_or_else(|| started + FOREVER),
                 backoff: self.options.backoff,
             };
-            let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
-            // Backends that wait in the server report when the winning request
-            // went out; otherwise the start of the wait is the safe bound.
-            grant.sent_at.get_or_insert(started);
-            // A retry of the wait may have won with an owner of its own.
-            let owner = grant.owner.take().unwrap_or(owner);
-            self.lease_from(key, owner, ttl, grant).await
+            loop {
+                let owner = OwnerToken::random();
+                let asked = Instant::now();
+                let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
+                // Backends that wait in the server report when the winning request
+                // went out; otherwise the start of this round is the safe bound.
+                grant.sent_at.get_or_insert(asked);
+                // A retry of the wait may have won with an owner of its own.
+                let owner = grant.owner.take().unwrap_or(owner);
+                match self.lease_from(key.clone(), owner, ttl, grant) {
+                    Err(Error::Lost {
+                        reason: LostReason::ReplyTooLate,
+                        ..
+                    }) if Instant::now() < waiting.until => {
+                        tracing::debug!(%key, "the grant's reply came too late; asking again");
+                    }
+                    outcome => return outcome,
+                }
+            }
         }
         .instrument(span)
         .await
@@ -155,8 +183,10 @@ impl Locker {
 
     /// Turns a grant into a lease, refusing one whose validity was used up
     /// before the reply arrived (Redlock's "validity must be positive" rule,
-    /// applied to every backend).
-    async fn lease_from(
+    /// applied to every backend). The refused grant is given back in the
+    /// background: waiting for that round trip, as slow as the one that was
+    /// just too slow, would only delay the caller's next move.
+    fn lease_from(
         &self,
         key: LockKey,
         owner: OwnerToken,
@@ -167,14 +197,30 @@ impl Locker {
         let deadline = self.options.drift.deadline(sent, ttl, grant.extra_margin);
         let lease = Lease::from_grant(key, owner, ttl, deadline, grant);
         if !lease.is_within_deadline() {
-            let _ = self.backend.release(&lease).await;
-            return Err(Error::lost(
-                lease.key().as_str(),
-                LostReason::DeadlinePassed,
-            ));
+            let error = Error::lost(lease.key().as_str(), LostReason::ReplyTooLate);
+            self.give_back(lease);
+            return Err(error);
         }
         tracing::Span::current().record("fencing_token", lease.fencing_token().get());
         Ok(lease)
+    }
+
+    /// Releases `lease` in the background; without a runtime to run it on,
+    /// its TTL frees the lock.
+    fn give_back(&self, lease: Lease) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let span = self.span("give_back", lease.key().as_str());
+        runtime.spawn(
+            async move {
+                if let Err(e) = backend.release(&lease).await {
+                    tracing::debug!(error = %e, "giving back a late grant failed; its TTL frees it");
+                }
+            }
+            .instrument(span),
+        );
     }
 
     /// Moves the lease's deadline to `ttl` from now, if it still holds the lock.

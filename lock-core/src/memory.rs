@@ -10,8 +10,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, HeldLock, Lease,
-    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, GiveBack, Grant, HeldLock,
+    Lease, LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
     WakeUpFuture,
 };
 
@@ -45,6 +45,9 @@ struct State {
     last_token: u64,
     failing_renewals: u32,
     unavailable: bool,
+    /// The next grants' replies, and how late each comes.
+    late_grants: u32,
+    grant_delay: Duration,
 }
 
 #[derive(Debug)]
@@ -120,6 +123,50 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Grants `key` to `owner` if it is free; with the delay of its reply
+    /// when a scripted fault makes it late.
+    fn grant(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<(Grant, Option<Duration>)> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let token = FencingToken::new(state.last_token + 1);
+        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
+        if let Some(holder) = slot.live_holder(now) {
+            return Err(Error::Contended {
+                key: key.to_string(),
+                remaining: Some(holder.expires_at - now),
+            });
+        }
+        slot.holder = Some(Holder {
+            owner: owner.clone(),
+            token,
+            expires_at: now + ttl,
+        });
+        state.last_token = token.get();
+        let late = (state.late_grants > 0).then(|| {
+            state.late_grants -= 1;
+            state.grant_delay
+        });
+        Ok((Grant::new(token).sent_at(now), late))
+    }
+
+    /// Removes `owner`'s grant on `key`, if it still has it.
+    fn remove_owned(&self, key: &LockKey, owner: &OwnerToken) {
+        let mut state = self.state();
+        if let Some(slot) = state.slots.get_mut(key.as_str())
+            && slot.holder.as_ref().is_some_and(|h| h.owner == *owner)
+        {
+            slot.remove(LostReason::Released);
+        }
+    }
+
     fn unavailable(&self) -> Error {
         Error::Unavailable {
             backend: "memory",
@@ -153,6 +200,17 @@ impl MemoryBackend {
     /// unreachable. A guard retries until its deadline, then reports lost.
     pub fn fail_next_renewals(&self, n: u32) {
         self.state().failing_renewals = n;
+    }
+
+    /// Fault: the next `n` grants are made at once but their replies come
+    /// `by` later, as over a slow network. A reply later than the lease's
+    /// validity (its TTL less the drift margin) is refused by the
+    /// [`Locker`](crate::Locker), which gives the grant back; a waiting
+    /// acquire then tries again.
+    pub fn delay_next_grants(&self, n: u32, by: Duration) {
+        let mut state = self.state();
+        state.late_grants = n;
+        state.grant_delay = by;
     }
 
     /// Fault: every operation fails as unreachable until set back to `false`.
@@ -193,26 +251,15 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
-        let mut state = self.state();
-        if state.unavailable {
-            return Err(self.unavailable());
-        }
-        let now = Instant::now();
-        let token = FencingToken::new(state.last_token + 1);
-        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
-        if let Some(holder) = slot.live_holder(now) {
-            return Err(Error::Contended {
-                key: key.to_string(),
-                remaining: Some(holder.expires_at - now),
-            });
-        }
-        slot.holder = Some(Holder {
-            owner: owner.clone(),
-            token,
-            expires_at: now + ttl,
-        });
-        state.last_token = token.get();
-        Ok(Grant::new(token).sent_at(now))
+        let (grant, late) = self.grant(key, owner, ttl)?;
+        let Some(delay) = late else {
+            return Ok(grant);
+        };
+        // Dropped while the reply is on its way: nobody will hold the grant.
+        let give_back = GiveBack::armed(|| self.remove_owned(key, owner));
+        tokio::time::sleep(delay).await;
+        give_back.disarm();
+        Ok(grant)
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, Lease, Locker, OwnerToken};
+use lock_core::{Error, GuardOptions, Lease, Locker, OwnerToken};
 use tokio::time::Instant;
 
 use super::{LONG_TTL, expiry_wait, short, within};
@@ -344,4 +344,35 @@ pub async fn closing_idle_resources_keeps_held_locks(fx: &Fixture) {
         .expect("a grant after closing idle resources");
     fx.locker.release(again).await.expect("release");
     fx.locker.release(held).await.expect("release the held key");
+}
+
+/// With no wait, every entry point reads "busy" the same way: `acquire`,
+/// `guard` and `with_lock` on a held key answer [`Error::Contended`], as
+/// `try_acquire` does, so skip-if-busy code can test `is_contended()`.
+pub async fn busy_reads_as_contended_at_every_entry_point(fx: &Fixture) {
+    let key = fx.key("busy");
+    let lease = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("first grant");
+    let acquire = fx.other.acquire(&key, LONG_TTL, Duration::ZERO).await;
+    assert!(
+        matches!(acquire, Err(Error::Contended { .. })),
+        "acquire with no wait: {acquire:?}"
+    );
+    let guard = fx.other.guard(&key, GuardOptions::new(LONG_TTL)).await;
+    assert!(
+        matches!(guard, Err(Error::Contended { .. })),
+        "guard with no wait: {guard:?}"
+    );
+    let ran = fx
+        .other
+        .with_lock(&key, GuardOptions::new(LONG_TTL), |_| async {})
+        .await;
+    assert!(
+        matches!(ran, Err(Error::Contended { .. })),
+        "with_lock with no wait: {ran:?}"
+    );
+    fx.locker.release(lease).await.expect("release");
 }

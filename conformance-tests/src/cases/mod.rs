@@ -19,11 +19,12 @@ pub use guard::{
 };
 pub use input::{capabilities_are_consistent, invalid_input_is_refused_and_leaves_nothing_held};
 pub use lifecycle::{
-    closing_idle_resources_keeps_held_locks, extend_after_expiry_is_lost_and_does_not_resurrect,
-    extend_after_removal_is_lost, extend_moves_the_deadline,
-    forged_lease_can_neither_extend_nor_release, grant_expires_after_its_ttl, keys_are_independent,
-    rebuilt_lease_works_in_another_client, release_of_a_lost_lease_is_reported_and_harmless,
-    release_then_reacquire, try_acquire_on_held_key_is_contended,
+    busy_reads_as_contended_at_every_entry_point, closing_idle_resources_keeps_held_locks,
+    extend_after_expiry_is_lost_and_does_not_resurrect, extend_after_removal_is_lost,
+    extend_moves_the_deadline, forged_lease_can_neither_extend_nor_release,
+    grant_expires_after_its_ttl, keys_are_independent, rebuilt_lease_works_in_another_client,
+    release_of_a_lost_lease_is_reported_and_harmless, release_then_reacquire,
+    try_acquire_on_held_key_is_contended,
 };
 pub use operator::operator_view_and_force_release_keep_their_promises;
 pub use waiting::{
