@@ -18,9 +18,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Checks a key against the contract and the backend's limits.
 ///
 /// Refused: the empty key, keys longer than `limits.max_key_bytes`, and keys
-/// containing NUL or other control characters (PostgreSQL cannot store NUL
-/// in text, and control characters make operator tools lie). A refused key
-/// is never silently changed.
+/// holding a character that does not print as itself (see [`unprintable`]):
+/// PostgreSQL cannot store NUL in text, and such characters make operator
+/// tools lie. A refused key is never silently changed.
 pub fn key(key: &str, limits: &Limits) -> Result<LockKey> {
     if key.is_empty() {
         return Err(Error::invalid(
@@ -39,16 +39,47 @@ pub fn key(key: &str, limits: &Limits) -> Result<LockKey> {
             ),
         ));
     }
-    if let Some((at, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
+    if let Some((at, c, class)) = key
+        .char_indices()
+        .find_map(|(at, c)| unprintable(c).map(|class| (at, c, class)))
+    {
+        // The character is named by its code point, never printed: printed,
+        // it could reorder or hide the rest of the message.
         return Err(Error::invalid(
             "key",
             format!(
-                "lock key contains the control character {:?} at byte {at}; keys must be printable text",
-                c
+                "lock key contains U+{:04X}, a {class}, at byte {at}; keys must be printable text",
+                c as u32
             ),
         ));
     }
     Ok(LockKey::new_validated(key.to_owned()))
+}
+
+/// Why `c` may not appear in a key or on an operator's terminal, or `None`
+/// when it prints as itself. Refused: control characters (Unicode category
+/// Cc), format characters (Cf: bidirectional overrides, zero-width
+/// characters, the byte-order mark), line and paragraph separators (Zl, Zp),
+/// spaces other than U+0020 (Zs), private-use characters (Co), unassigned
+/// code points and noncharacters (Cn, as of the Unicode version
+/// `unicode-properties` knows), and U+FFFD, which a lossy decoding leaves.
+pub fn unprintable(c: char) -> Option<&'static str> {
+    use unicode_properties::{GeneralCategory as G, UnicodeGeneralCategory};
+    if c == ' ' {
+        return None;
+    }
+    Some(match c.general_category() {
+        G::Control => "control character",
+        G::Format => "format character (invisible; it can reorder or hide text)",
+        G::LineSeparator | G::ParagraphSeparator => "line or paragraph separator",
+        G::SpaceSeparator => "space separator other than U+0020 (it looks like a plain space)",
+        G::PrivateUse => "private-use character (no agreed glyph)",
+        G::Unassigned | G::Surrogate => "unassigned code point or noncharacter",
+        _ if c == char::REPLACEMENT_CHARACTER => {
+            "replacement character (what a lossy decoding leaves)"
+        }
+        _ => return None,
+    })
 }
 
 /// Checks a TTL against the backend's limits and the drift margin.

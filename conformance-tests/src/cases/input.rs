@@ -60,6 +60,26 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
         "control character",
         "key with NUL",
     );
+    // Characters that print as nothing, or as something else: a key holding
+    // one could spoof an operator's terminal or hide from a search.
+    for (c, class) in [
+        ('\u{202E}', "format"),
+        ('\u{200B}', "format"),
+        ('\u{FEFF}', "format"),
+        ('\u{2028}', "separator"),
+        ('\u{00A0}', "separator"),
+        ('\u{FFFF}', "unassigned"),
+        ('\u{FFFD}', "replacement"),
+        ('\u{E000}', "private-use"),
+    ] {
+        let spoof = format!("{}{c}x", fx.key("unprintable"));
+        expect_invalid(
+            l.try_acquire(&spoof, LONG_TTL).await,
+            "key",
+            class,
+            &format!("key with U+{:04X}", c as u32),
+        );
+    }
     expect_invalid(
         l.guard("", GuardOptions::new(LONG_TTL)).await,
         "key",
