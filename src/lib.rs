@@ -218,6 +218,46 @@ mod tests {
         check_url("etcd://h:2379?prefix=team@corp/").expect("an `@` in a value");
     }
 
+    /// A password whose `@host` was forgotten (`redis://default:S3cret`, a
+    /// common typo) reads as a host and a port that is no number; the error
+    /// shows neither, on every scheme, through every way of reading a URL.
+    #[tokio::test]
+    async fn a_password_without_its_host_never_shows_in_errors() {
+        let mut schemes = vec!["memory"];
+        #[cfg(feature = "redis")]
+        schemes.extend(["redis", "rediss", "redis+cluster"]);
+        #[cfg(feature = "etcd")]
+        schemes.push("etcd");
+        #[cfg(feature = "redlock")]
+        schemes.push("redlock");
+        #[cfg(feature = "postgres")]
+        schemes.extend(["postgres", "postgresql"]);
+        for scheme in schemes {
+            let urls = [
+                format!("{scheme}://default:S3cret"),
+                format!("{scheme}://:S3cret"),
+                format!("{scheme}://default:S3cret/0"),
+                format!("{scheme}://default:S3cret?tls=true"),
+                format!("{scheme}://h1:1,default:S3cret,h2:2"),
+                format!("{scheme}://default:S3cret:x"),
+                format!("{scheme}://[::1]:S3cret"),
+            ];
+            for url in urls {
+                let shown = url::redact(&url);
+                assert!(!shown.contains("S3cret"), "{url}: redacted as {shown}");
+                let errors = [
+                    check_url(&url).err(),
+                    connect(&url).await.err(),
+                    url::ServerUrl::parse(&url).err(),
+                ];
+                for err in errors.into_iter().flatten() {
+                    let text = format!("{err} {err:?}");
+                    assert!(!text.contains("S3cret"), "{url}: {text}");
+                }
+            }
+        }
+    }
+
     #[tokio::test]
     async fn missing_scheme_is_refused() {
         let err = connect("localhost:6379").await.unwrap_err();

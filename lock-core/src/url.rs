@@ -281,10 +281,32 @@ pub fn redact(url: &str) -> String {
                 Some((user, _password)) => format!("{user}:***@{host}"),
                 None => format!("{userinfo}@{host}"),
             },
-            None => part.to_owned(),
+            None if looks_like_a_server(part) => part.to_owned(),
+            // `user:password` whose `@host` was forgotten reads as a host and
+            // a port that is no number: the "port" may be a password.
+            None => "***".to_owned(),
         })
         .collect();
     format!("{scheme}://{}{path}", servers.join(","))
+}
+
+/// Whether `part` reads as `host`, `host:port` or `[v6]:port` with a
+/// numeric port, as a server with no user info must.
+fn looks_like_a_server(part: &str) -> bool {
+    let port = match part.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((_, after)) => after,
+            None => return false,
+        },
+        None => match part.split_once(':') {
+            Some((_, port)) => return port.bytes().all(|b| b.is_ascii_digit()),
+            None => return true,
+        },
+    };
+    port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Refuses a URL whose user info (what comes before an `@`) seems to run
@@ -458,6 +480,19 @@ mod tests {
                 Err(e) => assert!(e.to_string().contains(expect), "{input}: {e}"),
                 Ok(u) => assert!(u.millis_param("timeout_ms").is_err(), "{input} parsed"),
             }
+        }
+    }
+
+    #[test]
+    fn a_password_that_reads_as_a_port_is_hidden() {
+        for (url, shown) in [
+            ("redis://default:S3cret", "redis://***"),
+            ("redis://h:6379,u:S3cret/0", "redis://h:6379,***/0"),
+            ("redis://[::1]:S3cret", "redis://***"),
+            ("redis://[::1]:6379", "redis://[::1]:6379"),
+            ("redis://h", "redis://h"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
         }
     }
 
