@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lock_testkit::{EtcdCluster, Postgres, RedisOptions, RedisServer};
 
 use crate::faults::Backend;
-use crate::proxy::{Net, Proxy};
+use lock_testkit::{Net, Proxy};
 
 /// The server processes.
 #[derive(Debug)]

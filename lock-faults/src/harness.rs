@@ -17,9 +17,9 @@ use crate::clock::{ms, now_ns};
 use crate::deploy::{Deployment, Servers};
 use crate::faults::{Action, Backend, Cell, Nodes, duration};
 use crate::history;
-use crate::proxy::Net;
 use crate::resource::{Resource, Stats};
 use crate::rng::Rng;
+use lock_testkit::Net;
 
 /// Settings of a run.
 #[derive(Debug, Clone)]

@@ -8,7 +8,6 @@ mod deploy;
 mod faults;
 mod harness;
 mod history;
-mod proxy;
 mod report;
 mod resource;
 mod rng;

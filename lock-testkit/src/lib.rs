@@ -4,12 +4,14 @@
 mod etcd;
 mod postgres;
 mod process;
+mod proxy;
 mod redis;
 mod redis_cluster;
 mod tls;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use postgres::Postgres;
+pub use proxy::{Net, Proxy};
 pub use redis::{RedisNodes, RedisOptions, RedisServer, RedisTls};
 pub use redis_cluster::RedisCluster;
 pub use tls::{TestCa, lock_round_trip};
