@@ -58,7 +58,9 @@ impl Backoff {
         let jitter = if spread == 0 {
             0
         } else {
-            getrandom::u64().unwrap_or(0) % (spread + 1)
+            let draw = getrandom::u64().unwrap_or(0);
+            // `spread + 1` overflows only for the whole of u64, where any draw is in range.
+            spread.checked_add(1).map_or(draw, |range| draw % range)
         };
         half + Duration::from_nanos(jitter)
     }
