@@ -87,6 +87,9 @@ impl std::fmt::Debug for PostgresOptions {
 impl PostgresOptions {
     /// Default number of locks one backend may hold at once (each pins a connection).
     pub const DEFAULT_MAX_HELD_LOCKS: usize = 32;
+    /// The most locks one backend may hold at once: PostgreSQL's own
+    /// ceiling on connections (`MAX_BACKENDS`, 2^18 - 1), since each pins one.
+    pub const MAX_HELD_LOCKS: usize = 262_143;
     /// Default time allowed to open a connection.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// Default time allowed for one statement's reply.
@@ -171,7 +174,7 @@ impl PostgresOptions {
             create_schema: true,
         };
         if let Some(n) = number("max_held_locks")? {
-            options = options.with_max_held_locks(n as usize)?;
+            options = options.with_max_held_locks(usize::try_from(n).unwrap_or(usize::MAX))?;
         }
         if let Some(ms) = number("connect_timeout_ms")? {
             options = options.with_connect_timeout(Duration::from_millis(ms))?;
@@ -197,25 +200,35 @@ impl PostgresOptions {
         Ok(options)
     }
 
-    /// Sets how many locks this backend may hold at once. Each held lock
-    /// (and each `acquire` waiting in the server) pins one connection; past
-    /// the limit, acquiring fails at once with [`Error::LimitReached`].
+    /// Sets how many locks this backend may hold at once, from 1 to
+    /// [`MAX_HELD_LOCKS`](Self::MAX_HELD_LOCKS). Each held lock (and each
+    /// `acquire` waiting in the server) pins one connection; past the limit,
+    /// acquiring fails at once with [`Error::LimitReached`].
     pub fn with_max_held_locks(mut self, max: usize) -> Result<Self> {
-        if max == 0 {
-            return Err(Error::invalid("max_held_locks", "must be at least 1"));
+        if !(1..=Self::MAX_HELD_LOCKS).contains(&max) {
+            return Err(Error::invalid(
+                "max_held_locks",
+                format!(
+                    "`max_held_locks` is {max}; it must be from 1 to {} (PostgreSQL's most connections, one per held lock)",
+                    Self::MAX_HELD_LOCKS
+                ),
+            ));
         }
         self.max_held_locks = max;
         Ok(self)
     }
 
-    /// Sets the time allowed to open a connection (at least 1 ms).
+    /// Sets the time allowed to open a connection (at least 1 ms; a value
+    /// past what the clock can count, `Duration::MAX`, means no limit).
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self> {
         self.connect_timeout = lock_core::validate::timeout("connect_timeout_ms", timeout)?;
         Ok(self)
     }
 
     /// Sets the time allowed for one statement's reply, not for waiting on
-    /// a lock (at least 1 ms).
+    /// a lock (at least 1 ms; a value past what the clock can count,
+    /// `Duration::MAX`, means no limit). It is also the session's
+    /// `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
     pub fn with_response_timeout(mut self, timeout: Duration) -> Result<Self> {
         self.response_timeout = lock_core::validate::timeout("response_timeout_ms", timeout)?;
         Ok(self)
@@ -275,7 +288,15 @@ mod tests {
     #[test]
     fn bad_values_are_refused_without_the_password() {
         for (url, expect) in [
-            ("postgres://u:pw@h/db?max_held_locks=0", "at least 1"),
+            ("postgres://u:pw@h/db?max_held_locks=0", "from 1 to 262143"),
+            (
+                "postgres://u:pw@h/db?max_held_locks=262144",
+                "from 1 to 262143",
+            ),
+            (
+                "postgres://u:pw@h/db?max_held_locks=18446744073709551615",
+                "from 1 to 262143",
+            ),
             ("postgres://u:pw@h/db?max_held_locks=many", "whole number"),
             (
                 "postgres://u:pw@h/db?response_timeout_ms=0",

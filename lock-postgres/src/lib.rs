@@ -298,7 +298,7 @@ impl PostgresBackend {
                 .bind(key.as_str())
                 .fetch_optional(&mut *conn);
             match within(
-                rt + wait.unwrap_or_default(),
+                rt.saturating_add(wait.unwrap_or_default()),
                 endpoint,
                 "the row lock",
                 Box::pin(lock),
