@@ -203,7 +203,8 @@ impl PostgresOptions {
     /// Sets how many locks this backend may hold at once, from 1 to
     /// [`MAX_HELD_LOCKS`](Self::MAX_HELD_LOCKS). Each held lock (and each
     /// `acquire` waiting in the server) pins one connection; past the limit,
-    /// acquiring fails at once with [`Error::LimitReached`].
+    /// `try_acquire` fails at once with [`Error::LimitReached`] and `acquire`
+    /// queues for a connection within its wait.
     pub fn with_max_held_locks(mut self, max: usize) -> Result<Self> {
         if !(1..=Self::MAX_HELD_LOCKS).contains(&max) {
             return Err(Error::invalid(

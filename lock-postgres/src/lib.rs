@@ -259,15 +259,32 @@ impl PostgresBackend {
     }
 
     /// One grant: the row exists (autocommit), then the lock's transaction
-    /// locks it, waiting in the server up to `wait` or not at all, and draws
-    /// the token; the token is flushed to disk before the grant returns.
-    async fn grant(&self, key: &LockKey, ttl: Duration, wait: Option<Duration>) -> Result<Grant> {
+    /// locks it, waiting in the server until `until` or not at all, and
+    /// draws the token; the token is flushed to disk before the grant
+    /// returns. A grant that waits queues for a connection first while the
+    /// budget is used up, and times out if none comes in time.
+    async fn grant(&self, key: &LockKey, ttl: Duration, until: Option<Instant>) -> Result<Grant> {
         let inner = &*self.inner;
         let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
         let mut fresh = false;
         let mut vanished = 0;
         loop {
-            let (mut pinned, reused) = inner.conns.pin(fresh).await?;
+            let (mut pinned, reused) = match until {
+                None => inner.conns.pin(fresh).await?,
+                Some(until) => match inner.conns.pin_by(fresh, until).await? {
+                    Some(pinned) => pinned,
+                    None => {
+                        return Err(Error::TimedOut {
+                            key: key.to_string(),
+                            waited: Duration::ZERO,
+                        });
+                    }
+                },
+            };
+            // What is left of the wait once a connection is ours; too little to wait on is one try.
+            let wait = until
+                .map(|until| until.saturating_duration_since(Instant::now()))
+                .filter(|left| *left >= Duration::from_millis(1));
             let conn = &mut pinned.conn;
             let insert = sqlx::query(&inner.statements.insert)
                 .bind(key.as_str())
@@ -426,7 +443,9 @@ impl LockBackend for PostgresBackend {
     /// wakes exactly the next one when the holder's transaction ends, so
     /// there is no herd and no polling delay; LISTEN/NOTIFY would wake every
     /// waiter to race for the row and still need polling for holders ended
-    /// by the server, which send no notification.
+    /// by the server, which send no notification. While every connection of
+    /// the budget is pinned, the waiter first queues for one, first come,
+    /// first served, within the same wait.
     async fn acquire(
         &self,
         key: &LockKey,
@@ -437,13 +456,11 @@ impl LockBackend for PostgresBackend {
         let mut tries = 0;
         loop {
             let left = wait.until.saturating_duration_since(Instant::now());
-            let attempt = if left < Duration::from_millis(1) {
-                None
-            } else {
-                Some(left)
-            };
-            match self.grant(key, ttl, attempt).await {
-                Err(Error::Contended { .. }) => return Err(wait.timed_out(key)),
+            let until = (left >= Duration::from_millis(1)).then_some(wait.until);
+            match self.grant(key, ttl, until).await {
+                Err(Error::Contended { .. } | Error::TimedOut { .. }) => {
+                    return Err(wait.timed_out(key));
+                }
                 Err(e @ Error::Unavailable { .. }) => {
                     let now = Instant::now();
                     if now >= wait.until {

@@ -8,6 +8,7 @@ use lock_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::errors;
 
@@ -69,6 +70,25 @@ impl Connections {
             what: "locks held (or waited for) at once by this postgres backend, each pinning a connection".into(),
             limit: self.max,
         })?;
+        self.pin_with(permit, fresh).await
+    }
+
+    /// As [`pin`](Self::pin), but queued first come, first served (tokio's
+    /// semaphore is fair) while the budget is used up; `None` if no
+    /// connection came free before `until`.
+    pub(crate) async fn pin_by(
+        &self,
+        fresh: bool,
+        until: Instant,
+    ) -> Result<Option<(Pinned, bool)>> {
+        match tokio::time::timeout_at(until, self.budget.clone().acquire_owned()).await {
+            // The semaphore is never closed.
+            Ok(Ok(permit)) => self.pin_with(permit, fresh).await.map(Some),
+            Ok(Err(_)) | Err(_) => Ok(None),
+        }
+    }
+
+    async fn pin_with(&self, permit: OwnedSemaphorePermit, fresh: bool) -> Result<(Pinned, bool)> {
         let idle = if fresh {
             None
         } else {
