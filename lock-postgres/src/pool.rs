@@ -11,11 +11,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::errors;
+use crate::monitor::{Session, Watching};
 
 /// A connection taken out of the budget. Dropping it closes the socket, so
 /// the server ends its transaction and frees any row it locked.
 pub(crate) struct Pinned {
     pub conn: PgConnection,
+    /// Which server session this connection is, for the loss signal.
+    pub session: Session,
+    /// Set while the connection holds a handed-out lock; dropping it (on
+    /// release, or with the connection) stops the loss signal's checks.
+    pub watching: Option<Watching>,
     /// True while a statement is in flight; still true at the next use if
     /// that statement's future was dropped, leaving the protocol mid-reply.
     pub busy: bool,
@@ -27,6 +33,7 @@ pub(crate) struct Pinned {
 impl std::fmt::Debug for Pinned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pinned")
+            .field("session", &self.session)
             .field("busy", &self.busy)
             .field("wrote", &self.wrote)
             .finish()
@@ -38,7 +45,7 @@ pub(crate) struct Connections {
     pub endpoint: String,
     budget: Arc<Semaphore>,
     max: usize,
-    idle: Mutex<Vec<PgConnection>>,
+    idle: Mutex<Vec<(PgConnection, Session)>>,
     connect_timeout: Duration,
 }
 
@@ -94,19 +101,35 @@ impl Connections {
         } else {
             self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
         };
-        let (conn, reused) = match idle {
-            Some(conn) => (conn, true),
-            None => (self.open().await?, false),
+        let ((conn, session), reused) = match idle {
+            Some(idle) => (idle, true),
+            None => (self.open_session().await?, false),
         };
         Ok((
             Pinned {
                 conn,
+                session,
+                watching: None,
                 busy: false,
                 wrote: false,
                 _permit: permit,
             },
             reused,
         ))
+    }
+
+    /// Opens a new connection and learns its session, within the connect timeout.
+    async fn open_session(&self) -> Result<(PgConnection, Session)> {
+        let open = async {
+            let mut conn = self.options.connect().await?;
+            let session = Session::of(&mut conn).await?;
+            Ok::<_, sqlx::Error>((conn, session))
+        };
+        match tokio::time::timeout(self.connect_timeout, open).await {
+            Ok(Ok(opened)) => Ok(opened),
+            Ok(Err(e)) => Err(errors::connect(&self.endpoint, e)),
+            Err(_) => Err(errors::timed_out(&self.endpoint, "the connection attempt")),
+        }
     }
 
     /// Opens a new connection within the connect timeout.
@@ -123,6 +146,7 @@ impl Connections {
     pub(crate) fn give_back(&self, pinned: Pinned) {
         let Pinned {
             conn,
+            session,
             busy,
             _permit,
             ..
@@ -131,7 +155,7 @@ impl Connections {
             self.idle
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(conn);
+                .push((conn, session));
         }
         drop(_permit);
     }
@@ -151,7 +175,7 @@ impl Connections {
     /// Closes idle connections (they are reopened on demand).
     pub(crate) async fn close_idle(&self) {
         let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
-        for conn in idle {
+        for (conn, _) in idle {
             let _ = conn.close().await;
         }
     }
