@@ -285,6 +285,43 @@ mod tests {
         assert!(err.contains("request_timeout_ms"), "{err}");
     }
 
+    /// Each option's range, at its ends: `Ok` or the field an input error names.
+    #[test]
+    fn options_are_accepted_within_their_range_and_refused_by_name_outside_it() {
+        let field = |query: &str| {
+            let read = parse(&format!("etcd://h?{query}"))
+                .and_then(|url| EtcdOptions::default().from_url(&url))
+                .and_then(|o| o.check());
+            match read {
+                Ok(()) => "ok",
+                Err(Error::InvalidInput { field, .. }) => field,
+                Err(e) => panic!("{query}: {e}"),
+            }
+        };
+        for (query, expect) in [
+            ("connect_timeout_ms=1", "ok"),
+            ("connect_timeout_ms=18446744073709551615", "ok"),
+            ("connect_timeout_ms=0", "connect_timeout_ms"),
+            ("connect_timeout_ms=18446744073709551616", "url"),
+            ("request_timeout_ms=1", "ok"),
+            ("request_timeout_ms=18446744073709551615", "ok"),
+            ("request_timeout_ms=0", "request_timeout_ms"),
+            ("request_timeout_ms=-1", "url"),
+            ("min_ttl_s=1", "ok"),
+            ("min_ttl_s=86400", "ok"),
+            ("min_ttl_s=0", "min_ttl_s"),
+            ("min_ttl_s=86401", "min_ttl_s"),
+            ("min_ttl_s=18446744073709551616", "url"),
+            ("prefix=", "ok"),
+            ("prefix=app/locks/", "ok"),
+            ("prefix=a%0Ab", "prefix"),
+            ("cert_file=/c.pem&key_file=/k.pem", "cert_file"),
+            ("request_timout_ms=1", "url"),
+        ] {
+            assert_eq!(field(query), expect, "{query}");
+        }
+    }
+
     #[test]
     fn tls_without_the_feature_is_refused() {
         let url = parse("etcd://h?ca_file=/etc/etcd/ca.pem").unwrap();

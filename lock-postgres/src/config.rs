@@ -286,6 +286,46 @@ mod tests {
         );
     }
 
+    /// Each option's range, at its ends: `Ok` or the field an input error names.
+    #[test]
+    fn options_are_accepted_within_their_range_and_refused_by_name_outside_it() {
+        let field =
+            |query: &str| match PostgresOptions::from_url(&format!("postgres://h/db?{query}")) {
+                Ok(_) => "ok",
+                Err(Error::InvalidInput { field, .. }) => field,
+                Err(e) => panic!("{query}: {e}"),
+            };
+        for (query, expect) in [
+            ("max_held_locks=1", "ok"),
+            ("max_held_locks=262143", "ok"),
+            ("max_held_locks=0", "max_held_locks"),
+            ("max_held_locks=262144", "max_held_locks"),
+            ("max_held_locks=18446744073709551615", "max_held_locks"),
+            ("max_held_locks=18446744073709551616", "url"),
+            ("max_held_locks=-1", "url"),
+            ("connect_timeout_ms=1", "ok"),
+            ("connect_timeout_ms=18446744073709551615", "ok"),
+            ("connect_timeout_ms=0", "connect_timeout_ms"),
+            ("connect_timeout_ms=1.5", "url"),
+            ("response_timeout_ms=1", "ok"),
+            ("response_timeout_ms=18446744073709551615", "ok"),
+            ("response_timeout_ms=0", "response_timeout_ms"),
+            ("response_timeout_ms=", "url"),
+            ("schema=_a1", "ok"),
+            ("table=t", "ok"),
+            (&format!("sequence={}", "s".repeat(63)), "ok"),
+            (&format!("sequence={}", "s".repeat(64)), "sequence"),
+            ("schema=1a", "schema"),
+            ("table=", "table"),
+            ("table=a-b", "table"),
+            ("create_schema=off", "ok"),
+            ("create_schema=yes", "url"),
+            ("unknown=1", "url"),
+        ] {
+            assert_eq!(field(query), expect, "{query}");
+        }
+    }
+
     #[test]
     fn bad_values_are_refused_without_the_password() {
         for (url, expect) in [
