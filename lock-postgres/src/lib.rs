@@ -455,7 +455,7 @@ impl LockBackend for PostgresBackend {
 
     /// Completes when the monitor finds the session holding `lease` gone
     /// (terminated, the server restarted or down, ended by the idle
-    /// timeout): within [`CHECK_EVERY`](monitor::CHECK_EVERY) plus a round
+    /// timeout): within 250 ms (less for TTLs under a second) plus a round
     /// trip, long before the next renewal.
     fn loss_signal(&self, lease: &Lease) -> Option<LossFuture> {
         let mut lost = held(lease).ok()?.lost.clone();
