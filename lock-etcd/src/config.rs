@@ -24,12 +24,14 @@ pub const OPTIONS: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EtcdOptions {
-    /// How long connecting (and authenticating) may take. URL:
-    /// `connect_timeout_ms`. Default 3 s.
+    /// How long connecting (and authenticating) may take, at least 1 ms; a
+    /// value past what the clock can count (`Duration::MAX`) means no limit.
+    /// URL: `connect_timeout_ms`. Default 3 s.
     pub connect_timeout: Duration,
     /// How long one request may take before the cluster counts as
     /// unavailable for it. Without a quorum etcd does not answer writes at
-    /// all, so this bounds every operation. URL: `request_timeout_ms`.
+    /// all, so this bounds every operation. At least 1 ms; a value past
+    /// what the clock can count means no limit. URL: `request_timeout_ms`.
     /// Default 3 s.
     pub request_timeout: Duration,
     /// Every lock lives under this key prefix. URL: `prefix`. Default
@@ -37,8 +39,8 @@ pub struct EtcdOptions {
     pub prefix: String,
     /// The shortest lease TTL the cluster grants: etcd raises shorter ones to
     /// 1.5 × its election timeout, rounded up to whole seconds (2 s with the
-    /// default 1 s election timeout). TTLs below it are refused. URL:
-    /// `min_ttl_s`. Default 2 s.
+    /// default 1 s election timeout). TTLs below it are refused. Whole
+    /// seconds from 1 to 86400 (the longest TTL). URL: `min_ttl_s`. Default 2 s.
     pub min_ttl: Duration,
     /// User name for etcd authentication. URL: the user info of the first
     /// server (`etcd://user:password@host:2379,...`).
@@ -164,12 +166,14 @@ impl EtcdOptions {
     pub(crate) fn check(&self) -> Result<()> {
         lock_core::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
         lock_core::validate::timeout("request_timeout_ms", self.request_timeout)?;
-        if self.min_ttl.is_zero() || self.min_ttl.subsec_nanos() != 0 {
+        let longest = lock_core::validate::MAX_TTL;
+        if self.min_ttl.is_zero() || self.min_ttl.subsec_nanos() != 0 || self.min_ttl > longest {
             return Err(Error::invalid(
-                "min_ttl",
+                "min_ttl_s",
                 format!(
-                    "{:?}: must be a positive whole number of seconds",
-                    self.min_ttl
+                    "`min_ttl_s` is {:?}; it must be a whole number of seconds from 1 to {} (the longest TTL)",
+                    self.min_ttl,
+                    longest.as_secs()
                 ),
             ));
         }
@@ -258,6 +262,19 @@ mod tests {
                 .to_string()
                 .contains("min_ttl_s")
         );
+        let min_ttl = |secs: u64| {
+            EtcdOptions::default()
+                .min_ttl(Duration::from_secs(secs))
+                .check()
+        };
+        assert!(min_ttl(1).is_ok() && min_ttl(86_400).is_ok());
+        for secs in [0, 86_401, u64::MAX] {
+            let err = min_ttl(secs).unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidInput { field: "min_ttl_s", problem } if problem.contains("from 1 to 86400")),
+                "{err}"
+            );
+        }
         let url = parse("etcd://h?request_timeout_ms=0").unwrap();
         let err = EtcdOptions::default()
             .from_url(&url)
@@ -266,6 +283,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("request_timeout_ms"), "{err}");
+    }
+
+    /// Each option's range, at its ends: `Ok` or the field an input error names.
+    #[test]
+    fn options_are_accepted_within_their_range_and_refused_by_name_outside_it() {
+        let field = |query: &str| {
+            let read = parse(&format!("etcd://h?{query}"))
+                .and_then(|url| EtcdOptions::default().from_url(&url))
+                .and_then(|o| o.check());
+            match read {
+                Ok(()) => "ok",
+                Err(Error::InvalidInput { field, .. }) => field,
+                Err(e) => panic!("{query}: {e}"),
+            }
+        };
+        for (query, expect) in [
+            ("connect_timeout_ms=1", "ok"),
+            ("connect_timeout_ms=18446744073709551615", "ok"),
+            ("connect_timeout_ms=0", "connect_timeout_ms"),
+            ("connect_timeout_ms=18446744073709551616", "url"),
+            ("request_timeout_ms=1", "ok"),
+            ("request_timeout_ms=18446744073709551615", "ok"),
+            ("request_timeout_ms=0", "request_timeout_ms"),
+            ("request_timeout_ms=-1", "url"),
+            ("min_ttl_s=1", "ok"),
+            ("min_ttl_s=86400", "ok"),
+            ("min_ttl_s=0", "min_ttl_s"),
+            ("min_ttl_s=86401", "min_ttl_s"),
+            ("min_ttl_s=18446744073709551616", "url"),
+            ("prefix=", "ok"),
+            ("prefix=app/locks/", "ok"),
+            ("prefix=a%0Ab", "prefix"),
+            ("cert_file=/c.pem&key_file=/k.pem", "cert_file"),
+            ("request_timout_ms=1", "url"),
+        ] {
+            assert_eq!(field(query), expect, "{query}");
+        }
     }
 
     #[test]

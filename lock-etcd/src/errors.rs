@@ -120,7 +120,7 @@ impl Endpoint {
     where
         F: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_in(timeout);
         let mut last: Option<etcd_client::Error> = None;
         loop {
             match tokio::time::timeout_at(deadline, request()).await {
@@ -140,6 +140,18 @@ impl Endpoint {
         }
     }
 }
+
+/// `timeout` from now; a timeout past what the clock can count (a
+/// `Duration::MAX` meaning "no limit") ends about 30 years from now, as in tokio.
+pub(crate) fn deadline_in(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
+/// How far away a deadline of "no limit" is.
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// Pause between retries of a request that never reached a member.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);

@@ -462,9 +462,12 @@ fn read_url(
             // instead of waiting for one.
             .with_require_leader(true)
             // Finds dead connections (a paused member) on idle watch streams too.
+            // The HTTP/2 client adds these to the clock unchecked, so "no limit" is 30 years.
             .with_keep_alive(
-                options.request_timeout.max(Duration::from_secs(1)),
-                options.request_timeout,
+                options
+                    .request_timeout
+                    .clamp(Duration::from_secs(1), errors::FAR_FUTURE),
+                options.request_timeout.min(errors::FAR_FUTURE),
             );
         if let Some(user) = &options.user {
             let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");

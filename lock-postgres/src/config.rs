@@ -87,6 +87,9 @@ impl std::fmt::Debug for PostgresOptions {
 impl PostgresOptions {
     /// Default number of locks one backend may hold at once (each pins a connection).
     pub const DEFAULT_MAX_HELD_LOCKS: usize = 32;
+    /// The most locks one backend may hold at once: PostgreSQL's own
+    /// ceiling on connections (`MAX_BACKENDS`, 2^18 - 1), since each pins one.
+    pub const MAX_HELD_LOCKS: usize = 262_143;
     /// Default time allowed to open a connection.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// Default time allowed for one statement's reply.
@@ -171,7 +174,7 @@ impl PostgresOptions {
             create_schema: true,
         };
         if let Some(n) = number("max_held_locks")? {
-            options = options.with_max_held_locks(n as usize)?;
+            options = options.with_max_held_locks(usize::try_from(n).unwrap_or(usize::MAX))?;
         }
         if let Some(ms) = number("connect_timeout_ms")? {
             options = options.with_connect_timeout(Duration::from_millis(ms))?;
@@ -197,25 +200,36 @@ impl PostgresOptions {
         Ok(options)
     }
 
-    /// Sets how many locks this backend may hold at once. Each held lock
-    /// (and each `acquire` waiting in the server) pins one connection; past
-    /// the limit, acquiring fails at once with [`Error::LimitReached`].
+    /// Sets how many locks this backend may hold at once, from 1 to
+    /// [`MAX_HELD_LOCKS`](Self::MAX_HELD_LOCKS). Each held lock (and each
+    /// `acquire` waiting in the server) pins one connection; past the limit,
+    /// `try_acquire` fails at once with [`Error::LimitReached`] and `acquire`
+    /// queues for a connection within its wait.
     pub fn with_max_held_locks(mut self, max: usize) -> Result<Self> {
-        if max == 0 {
-            return Err(Error::invalid("max_held_locks", "must be at least 1"));
+        if !(1..=Self::MAX_HELD_LOCKS).contains(&max) {
+            return Err(Error::invalid(
+                "max_held_locks",
+                format!(
+                    "`max_held_locks` is {max}; it must be from 1 to {} (PostgreSQL's most connections, one per held lock)",
+                    Self::MAX_HELD_LOCKS
+                ),
+            ));
         }
         self.max_held_locks = max;
         Ok(self)
     }
 
-    /// Sets the time allowed to open a connection (at least 1 ms).
+    /// Sets the time allowed to open a connection (at least 1 ms; a value
+    /// past what the clock can count, `Duration::MAX`, means no limit).
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self> {
         self.connect_timeout = lock_core::validate::timeout("connect_timeout_ms", timeout)?;
         Ok(self)
     }
 
     /// Sets the time allowed for one statement's reply, not for waiting on
-    /// a lock (at least 1 ms).
+    /// a lock (at least 1 ms; a value past what the clock can count,
+    /// `Duration::MAX`, means no limit). It is also the session's
+    /// `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
     pub fn with_response_timeout(mut self, timeout: Duration) -> Result<Self> {
         self.response_timeout = lock_core::validate::timeout("response_timeout_ms", timeout)?;
         Ok(self)
@@ -272,10 +286,58 @@ mod tests {
         );
     }
 
+    /// Each option's range, at its ends: `Ok` or the field an input error names.
+    #[test]
+    fn options_are_accepted_within_their_range_and_refused_by_name_outside_it() {
+        let field =
+            |query: &str| match PostgresOptions::from_url(&format!("postgres://h/db?{query}")) {
+                Ok(_) => "ok",
+                Err(Error::InvalidInput { field, .. }) => field,
+                Err(e) => panic!("{query}: {e}"),
+            };
+        for (query, expect) in [
+            ("max_held_locks=1", "ok"),
+            ("max_held_locks=262143", "ok"),
+            ("max_held_locks=0", "max_held_locks"),
+            ("max_held_locks=262144", "max_held_locks"),
+            ("max_held_locks=18446744073709551615", "max_held_locks"),
+            ("max_held_locks=18446744073709551616", "url"),
+            ("max_held_locks=-1", "url"),
+            ("connect_timeout_ms=1", "ok"),
+            ("connect_timeout_ms=18446744073709551615", "ok"),
+            ("connect_timeout_ms=0", "connect_timeout_ms"),
+            ("connect_timeout_ms=1.5", "url"),
+            ("response_timeout_ms=1", "ok"),
+            ("response_timeout_ms=18446744073709551615", "ok"),
+            ("response_timeout_ms=0", "response_timeout_ms"),
+            ("response_timeout_ms=", "url"),
+            ("schema=_a1", "ok"),
+            ("table=t", "ok"),
+            (&format!("sequence={}", "s".repeat(63)), "ok"),
+            (&format!("sequence={}", "s".repeat(64)), "sequence"),
+            ("schema=1a", "schema"),
+            ("table=", "table"),
+            ("table=a-b", "table"),
+            ("create_schema=off", "ok"),
+            ("create_schema=yes", "url"),
+            ("unknown=1", "url"),
+        ] {
+            assert_eq!(field(query), expect, "{query}");
+        }
+    }
+
     #[test]
     fn bad_values_are_refused_without_the_password() {
         for (url, expect) in [
-            ("postgres://u:pw@h/db?max_held_locks=0", "at least 1"),
+            ("postgres://u:pw@h/db?max_held_locks=0", "from 1 to 262143"),
+            (
+                "postgres://u:pw@h/db?max_held_locks=262144",
+                "from 1 to 262143",
+            ),
+            (
+                "postgres://u:pw@h/db?max_held_locks=18446744073709551615",
+                "from 1 to 262143",
+            ),
             ("postgres://u:pw@h/db?max_held_locks=many", "whole number"),
             (
                 "postgres://u:pw@h/db?response_timeout_ms=0",

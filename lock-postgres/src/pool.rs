@@ -8,13 +8,20 @@ use lock_core::{Error, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::errors;
+use crate::monitor::{Session, Watching};
 
 /// A connection taken out of the budget. Dropping it closes the socket, so
 /// the server ends its transaction and frees any row it locked.
 pub(crate) struct Pinned {
     pub conn: PgConnection,
+    /// Which server session this connection is, for the loss signal.
+    pub session: Session,
+    /// Set while the connection holds a handed-out lock; dropping it (on
+    /// release, or with the connection) stops the loss signal's checks.
+    pub watching: Option<Watching>,
     /// True while a statement is in flight; still true at the next use if
     /// that statement's future was dropped, leaving the protocol mid-reply.
     pub busy: bool,
@@ -26,6 +33,7 @@ pub(crate) struct Pinned {
 impl std::fmt::Debug for Pinned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pinned")
+            .field("session", &self.session)
             .field("busy", &self.busy)
             .field("wrote", &self.wrote)
             .finish()
@@ -37,7 +45,7 @@ pub(crate) struct Connections {
     pub endpoint: String,
     budget: Arc<Semaphore>,
     max: usize,
-    idle: Mutex<Vec<PgConnection>>,
+    idle: Mutex<Vec<(PgConnection, Session)>>,
     connect_timeout: Duration,
 }
 
@@ -69,24 +77,59 @@ impl Connections {
             what: "locks held (or waited for) at once by this postgres backend, each pinning a connection".into(),
             limit: self.max,
         })?;
+        self.pin_with(permit, fresh).await
+    }
+
+    /// As [`pin`](Self::pin), but queued first come, first served (tokio's
+    /// semaphore is fair) while the budget is used up; `None` if no
+    /// connection came free before `until`.
+    pub(crate) async fn pin_by(
+        &self,
+        fresh: bool,
+        until: Instant,
+    ) -> Result<Option<(Pinned, bool)>> {
+        match tokio::time::timeout_at(until, self.budget.clone().acquire_owned()).await {
+            // The semaphore is never closed.
+            Ok(Ok(permit)) => self.pin_with(permit, fresh).await.map(Some),
+            Ok(Err(_)) | Err(_) => Ok(None),
+        }
+    }
+
+    async fn pin_with(&self, permit: OwnedSemaphorePermit, fresh: bool) -> Result<(Pinned, bool)> {
         let idle = if fresh {
             None
         } else {
             self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
         };
-        let (conn, reused) = match idle {
-            Some(conn) => (conn, true),
-            None => (self.open().await?, false),
+        let ((conn, session), reused) = match idle {
+            Some(idle) => (idle, true),
+            None => (self.open_session().await?, false),
         };
         Ok((
             Pinned {
                 conn,
+                session,
+                watching: None,
                 busy: false,
                 wrote: false,
                 _permit: permit,
             },
             reused,
         ))
+    }
+
+    /// Opens a new connection and learns its session, within the connect timeout.
+    async fn open_session(&self) -> Result<(PgConnection, Session)> {
+        let open = async {
+            let mut conn = self.options.connect().await?;
+            let session = Session::of(&mut conn).await?;
+            Ok::<_, sqlx::Error>((conn, session))
+        };
+        match tokio::time::timeout(self.connect_timeout, open).await {
+            Ok(Ok(opened)) => Ok(opened),
+            Ok(Err(e)) => Err(errors::connect(&self.endpoint, e)),
+            Err(_) => Err(errors::timed_out(&self.endpoint, "the connection attempt")),
+        }
     }
 
     /// Opens a new connection within the connect timeout.
@@ -103,6 +146,7 @@ impl Connections {
     pub(crate) fn give_back(&self, pinned: Pinned) {
         let Pinned {
             conn,
+            session,
             busy,
             _permit,
             ..
@@ -111,7 +155,7 @@ impl Connections {
             self.idle
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(conn);
+                .push((conn, session));
         }
         drop(_permit);
     }
@@ -131,7 +175,7 @@ impl Connections {
     /// Closes idle connections (they are reopened on demand).
     pub(crate) async fn close_idle(&self) {
         let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
-        for conn in idle {
+        for (conn, _) in idle {
             let _ = conn.close().await;
         }
     }

@@ -335,8 +335,10 @@ async fn a_savepoint_recovers_from_a_failed_statement_and_keeps_the_lock() {
     assert_eq!(ids, vec![1, 2]);
 }
 
+/// A try is refused at once when every connection of the budget is pinned;
+/// an acquire queues for one, and times out if none comes within its wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_budget_errors_at_once_and_recovers_after_releases() {
+async fn the_budget_refuses_a_try_at_once_times_out_a_wait_and_recovers_after_releases() {
     let Some((_, backend)) = setup("max_held_locks=2").await else {
         return;
     };
@@ -351,13 +353,16 @@ async fn the_budget_errors_at_once_and_recovers_after_releases() {
         .try_acquire(&format!("{prefix}b"), ttl)
         .await
         .unwrap();
-    for attempt in [
-        timeout(LIMIT, locker.try_acquire(&format!("{prefix}c"), ttl)).await,
-        timeout(LIMIT, locker.acquire(&format!("{prefix}c"), ttl, LIMIT)).await,
-    ] {
-        let err = attempt.expect("hung instead of refusing").unwrap_err();
-        assert!(matches!(err, Error::LimitReached { limit: 2, .. }), "{err}");
-    }
+    let tried = timeout(LIMIT, locker.try_acquire(&format!("{prefix}c"), ttl)).await;
+    let err = tried.expect("hung instead of refusing").unwrap_err();
+    assert!(matches!(err, Error::LimitReached { limit: 2, .. }), "{err}");
+    let waited = locker
+        .acquire(&format!("{prefix}c"), ttl, Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(waited, Err(Error::TimedOut { .. })),
+        "a wait that ran out in the queue for a connection: {waited:?}"
+    );
     locker.release(a).await.unwrap();
     let c = locker
         .try_acquire(&format!("{prefix}c"), ttl)
@@ -371,6 +376,36 @@ async fn the_budget_errors_at_once_and_recovers_after_releases() {
         .expect("dropped lease freed its budget and row");
     locker.release(b2).await.unwrap();
     locker.release(c).await.unwrap();
+}
+
+/// More waiters on one key than the budget has connections: those without
+/// a connection queue for one, and every waiter gets the lock in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_waiters_than_connections_all_get_the_lock_in_turn() {
+    let Some((_, backend)) = setup("max_held_locks=2").await else {
+        return;
+    };
+    let key = format!("{}queued", prefix());
+    let locker = Locker::new(backend);
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let (locker, key) = (locker.clone(), key.clone());
+            tokio::spawn(async move {
+                let lease = locker.acquire(&key, Duration::from_secs(30), LIMIT).await?;
+                let token = lease.fencing_token();
+                locker.release(lease).await?;
+                Ok::<_, Error>(token)
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for waiter in waiters {
+        let outcome = timeout(LIMIT * 2, waiter).await.expect("a waiter hung");
+        tokens.push(outcome.unwrap().expect("every waiter gets the lock"));
+    }
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "each grant has a token of its own");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

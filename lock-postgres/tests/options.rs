@@ -1,0 +1,96 @@
+//! Settings at the ends of their range, on the shared server: each either
+//! works or is refused with an input error naming it, and nothing panics.
+
+use std::time::Duration;
+
+use conformance_tests::{server_url, unique_key};
+use lock_core::{Error, GuardOptions, Locker};
+use lock_postgres::{PostgresBackend, PostgresOptions};
+
+fn with(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// Connects in a task of its own, so that a panic is reported as one.
+async fn connected(options: Result<PostgresOptions, Error>) -> Result<PostgresBackend, Error> {
+    tokio::spawn(async move { PostgresBackend::connect_with(options?).await })
+        .await
+        .expect("connecting panicked")
+}
+
+/// A backend that connected holds a lock in a guard, makes a contender
+/// wait in the server until it gives up, and releases.
+async fn works(what: &str, backend: PostgresBackend) {
+    let locker = Locker::new(backend);
+    let key = unique_key("pg-options");
+    let run = tokio::spawn(async move {
+        let guard = locker
+            .guard(&key, GuardOptions::new(Duration::from_secs(5)))
+            .await
+            .expect("guard");
+        let waited = locker
+            .acquire(&key, Duration::from_secs(5), Duration::from_millis(200))
+            .await;
+        assert!(
+            waited.as_ref().is_err_and(Error::is_timed_out),
+            "{waited:?}"
+        );
+        guard.release().await.expect("release");
+    });
+    if let Err(e) = run.await {
+        panic!("{what}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_held_locks_past_the_limit_is_refused_by_name() {
+    let Some(url) = server_url("LOCKKIT_POSTGRES_URL") else {
+        return;
+    };
+    let limit = PostgresOptions::MAX_HELD_LOCKS;
+    let refused = |what: &str, outcome: Result<PostgresBackend, Error>| match outcome {
+        Err(Error::InvalidInput {
+            field: "max_held_locks",
+            problem,
+        }) => assert!(problem.contains(&limit.to_string()), "{what}: {problem}"),
+        other => panic!("{what}: expected an input error naming max_held_locks, got {other:?}"),
+    };
+    for n in [limit as u64 + 1, usize::MAX as u64, u64::MAX] {
+        let url = with(&url, &format!("max_held_locks={n}"));
+        refused(&url, connected(PostgresOptions::from_url(&url)).await);
+    }
+    for n in [limit + 1, usize::MAX] {
+        let options = PostgresOptions::from_url(&url).and_then(|o| o.with_max_held_locks(n));
+        refused(
+            &format!("with_max_held_locks({n})"),
+            connected(options).await,
+        );
+    }
+    let options = PostgresOptions::from_url(&url).and_then(|o| o.with_max_held_locks(limit));
+    works(
+        "the largest budget",
+        connected(options).await.expect("connect"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_timeouts_mean_no_limit_without_a_panic() {
+    let Some(url) = server_url("LOCKKIT_POSTGRES_URL") else {
+        return;
+    };
+    for d in [Duration::MAX, Duration::from_millis(u64::MAX)] {
+        let options = PostgresOptions::from_url(&url).and_then(|o| o.with_connect_timeout(d));
+        let what = format!("connect timeout {d:?}");
+        works(&what, connected(options).await.expect(&what)).await;
+        let options = PostgresOptions::from_url(&url).and_then(|o| o.with_response_timeout(d));
+        let what = format!("response timeout {d:?}");
+        works(&what, connected(options).await.expect(&what)).await;
+    }
+    for option in ["connect_timeout_ms", "response_timeout_ms"] {
+        let url = with(&url, &format!("{option}={}", u64::MAX));
+        let backend = connected(PostgresOptions::from_url(&url)).await;
+        works(option, backend.expect(option)).await;
+    }
+}
