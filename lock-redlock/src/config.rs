@@ -165,16 +165,36 @@ mod tests {
     #[test]
     fn a_node_listed_twice_is_refused_naming_both_entries() {
         for (input, first, second) in [
-            ("redlock://a:6379,a:6379,b:6379", "#1 (a:6379)", "#2 (a:6379)"),
+            (
+                "redlock://a:6379,a:6379,b:6379",
+                "#1 (a:6379)",
+                "#2 (a:6379)",
+            ),
             ("redlock://h:1,h:1,h:1", "#1 (h:1)", "#2 (h:1)"),
             // The default port, the host's case, a trailing dot.
             ("redlock://a,b:7000,A:6379", "#1 (a:6379)", "#3 (A:6379)"),
-            ("redlock://db.example.,b,db.EXAMPLE", "#1 (db.example.:6379)", "#3 (db.EXAMPLE:6379)"),
+            (
+                "redlock://db.example.,b,db.EXAMPLE",
+                "#1 (db.example.:6379)",
+                "#3 (db.EXAMPLE:6379)",
+            ),
             // IPv6 written two ways, and an IPv4 address mapped into IPv6.
-            ("redlock://[::1]:7000,b,[0:0:0:0:0:0:0:1]:7000", "#1 ([::1]:7000)", "#3 ([::1]:7000)"),
-            ("redlock://127.0.0.1,b,[::ffff:127.0.0.1]:6379", "#1 (127.0.0.1:6379)", "#3 ([::ffff:127.0.0.1]:6379)"),
+            (
+                "redlock://[::1]:7000,b,[0:0:0:0:0:0:0:1]:7000",
+                "#1 ([::1]:7000)",
+                "#3 ([::1]:7000)",
+            ),
+            (
+                "redlock://127.0.0.1,b,[::ffff:127.0.0.1]:6379",
+                "#1 (127.0.0.1:6379)",
+                "#3 ([::ffff:127.0.0.1]:6379)",
+            ),
             // Other credentials do not make another server.
-            ("redlock://u1:secret-1@a:1,u2:secret-2@a:1,u3:secret-3@c:1", "#1 (a:1)", "#2 (a:1)"),
+            (
+                "redlock://u1:secret-1@a:1,u2:secret-2@a:1,u3:secret-3@c:1",
+                "#1 (a:1)",
+                "#2 (a:1)",
+            ),
         ] {
             let err = parse(input, RedlockOptions::default()).unwrap_err();
             let text = err.to_string();
