@@ -1,6 +1,7 @@
 //! What Redlock learns of its nodes when it connects: whether two entries
 //! are one server, and whether a node may evict lock keys.
 
+use lock_core::{Assumption, LockBackend};
 use lock_redlock::RedlockBackend;
 use lock_testkit::RedisNodes;
 
@@ -34,4 +35,46 @@ async fn two_names_of_one_server_are_refused_at_connect_naming_both_entries() {
     RedlockBackend::connect(&distinct)
         .await
         .expect("two servers, one of them by name");
+}
+
+/// Every node is asked for its eviction policy; one that may evict lock
+/// keys is named by its place in the URL and its address.
+#[tokio::test]
+async fn a_node_that_may_evict_lock_keys_is_named_in_the_capabilities() {
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    let backend = RedlockBackend::connect(&nodes.url())
+        .await
+        .expect("connect");
+    let caps = backend.capabilities();
+    assert!(
+        caps.exclusion_rests_on
+            .contains(&Assumption::ServerEvictsNoLockKeys),
+        "{caps:?}"
+    );
+    assert_eq!(caps.lock_key_eviction, None, "no node has a maxmemory");
+
+    nodes
+        .node(1)
+        .cli(&[
+            "CONFIG",
+            "SET",
+            "maxmemory",
+            "2mb",
+            "maxmemory-policy",
+            "allkeys-lru",
+        ])
+        .expect("CONFIG SET");
+    let backend = RedlockBackend::connect(&nodes.url())
+        .await
+        .expect("connect");
+    assert_eq!(
+        backend.capabilities().lock_key_eviction.as_deref(),
+        Some(
+            format!(
+                "`allkeys-lru` (maxmemory 2097152 bytes) on node #2 ({})",
+                nodes.node(1).host_port()
+            )
+            .as_str()
+        )
+    );
 }
