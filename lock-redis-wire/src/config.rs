@@ -45,7 +45,8 @@ pub const OPTIONS: &[&str] = &[
 /// bounds each node's by a per-node timeout instead, and does not).
 pub const RESPONSE_TIMEOUT: &str = "response_timeout_ms";
 
-/// How long to wait for the server.
+/// How long to wait for the server. A timeout too long for the clock to
+/// count (`Duration::MAX`) waits as long as it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// Opening a connection (TCP, TLS, `AUTH`, `SELECT`).
