@@ -30,6 +30,18 @@ pub struct Capabilities {
     pub reports_remaining_ttl: bool,
     /// Input limits.
     pub limits: Limits,
+    /// What mutual exclusion rests on beyond its [`SafetyModel`]: how the
+    /// servers must be set up for a grant to stay held until its deadline
+    /// (for Redis, that they evict no lock keys). Empty when nothing beyond
+    /// the model.
+    pub exclusion_rests_on: Vec<Assumption>,
+    /// Where the backend found a server set up against
+    /// [`exclusion_rests_on`](Self::exclusion_rests_on) when it connected:
+    /// for Redis, the eviction policy that may delete a held lock's key and
+    /// the server(s) that run it, as "`allkeys-lru` (maxmemory 2097152
+    /// bytes) on node #2 (10.0.0.2:6379)". `None` when it found none (or
+    /// could not tell, which it logs).
+    pub lock_key_eviction: Option<String>,
 }
 
 impl Capabilities {
@@ -52,6 +64,8 @@ impl Capabilities {
                 backend,
                 ..Limits::default()
             },
+            exclusion_rests_on: Vec::new(),
+            lock_key_eviction: None,
         }
     }
 
@@ -95,6 +109,23 @@ impl Capabilities {
     /// Declares that contention reports the holder's remaining TTL.
     pub fn with_remaining_ttl(mut self, reports: bool) -> Self {
         self.reports_remaining_ttl = reports;
+        self
+    }
+
+    /// Sets what mutual exclusion rests on beyond the safety model.
+    pub fn with_exclusion_resting_on(
+        mut self,
+        rests_on: impl IntoIterator<Item = Assumption>,
+    ) -> Self {
+        self.exclusion_rests_on = rests_on.into_iter().collect();
+        self
+    }
+
+    /// Records that a server may evict lock keys: `policy_and_where`
+    /// names the policy and the server(s), as
+    /// [`lock_key_eviction`](Self::lock_key_eviction) shows it.
+    pub fn with_lock_key_eviction(mut self, policy_and_where: impl Into<String>) -> Self {
+        self.lock_key_eviction = Some(policy_and_where.into());
         self
     }
 
@@ -192,6 +223,11 @@ pub enum Assumption {
     /// synchronous commit flushes the WAL before it returns. Tokens drawn
     /// from a sequence are flushed by such a commit before they are handed out.
     DurableDatabase,
+    /// The server evicts no lock keys: `maxmemory-policy noeviction`, or no
+    /// `maxmemory`. Under any other policy (every `volatile-*` one too, as
+    /// lock keys carry a TTL) a full server may delete a held lock's key,
+    /// and the next contender is granted while its holder still holds it.
+    ServerEvictsNoLockKeys,
 }
 
 impl Assumption {
@@ -231,6 +267,9 @@ impl fmt::Display for Assumption {
             }
             Assumption::DurableDatabase => {
                 "the database keeps committed data across crashes (fsync on, synchronous commit for the token's flush)"
+            }
+            Assumption::ServerEvictsNoLockKeys => {
+                "the server evicts no lock keys (maxmemory-policy noeviction, or no maxmemory)"
             }
         })
     }

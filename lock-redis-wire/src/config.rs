@@ -45,7 +45,8 @@ pub const OPTIONS: &[&str] = &[
 /// bounds each node's by a per-node timeout instead, and does not).
 pub const RESPONSE_TIMEOUT: &str = "response_timeout_ms";
 
-/// How long to wait for the server.
+/// How long to wait for the server. A timeout too long for the clock to
+/// count (`Duration::MAX`) waits as long as it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// Opening a connection (TCP, TLS, `AUTH`, `SELECT`).
@@ -81,6 +82,10 @@ pub struct RedisSettings {
     pub servers: Vec<ConnectionInfo>,
     /// For errors and logs: `scheme://[user@]host:port` per server, in URL order.
     pub endpoints: Vec<String>,
+    /// For errors and logs: `host:port` per server, in URL order, without
+    /// user or password (`***` when the URL is
+    /// [ambiguous](lock_core::url::is_ambiguous)).
+    pub addresses: Vec<String>,
     /// The whole URL without password or query, for errors about all servers.
     pub url: String,
     /// Where locks live.
@@ -167,14 +172,22 @@ impl RedisSettings {
             .iter()
             .map(|s| connection_info(&url.scheme, s, db, tls))
             .collect::<Result<_>>()?;
-        let endpoints = url
+        let endpoints: Vec<String> = url
             .servers
             .iter()
             .map(|s| s.endpoint(&url.scheme, DEFAULT_PORT))
             .collect();
+        // An ambiguous URL's endpoints are `scheme://***`, its servers not shown.
+        let addresses = (url.servers.iter().zip(&endpoints))
+            .map(|(s, endpoint)| match endpoint.ends_with("://***") {
+                true => "***".to_owned(),
+                false => s.address(DEFAULT_PORT),
+            })
+            .collect();
         Ok(RedisSettings {
             servers,
             endpoints,
+            addresses,
             url: url.to_string(),
             layout,
             timeouts,
@@ -311,6 +324,7 @@ mod tests {
         );
         assert_eq!(s.layout.prefix(), "jobs:");
         assert_eq!(s.endpoints, ["redis://app@10.0.0.1:7000"]);
+        assert_eq!(s.addresses, ["10.0.0.1:7000"]);
         assert_eq!(s.servers[0].redis_settings().username(), Some("app"));
         assert_eq!(s.servers[0].redis_settings().password(), Some("hunter2"));
         assert!(!format!("{s:?}").contains("hunter2"));
@@ -336,7 +350,10 @@ mod tests {
             s.endpoints,
             ["redlock://a:6379", "redlock://b:7001", "redlock://c:6379"]
         );
+        assert_eq!(s.addresses, ["a:6379", "b:7001", "c:6379"]);
         assert_eq!(s.servers[2].redis_settings().password(), Some("pw"));
+        let ambiguous = RedisSettings::parse("redlock://a,b?prefix=x@y:", false, &[]).unwrap();
+        assert_eq!(ambiguous.addresses, ["***", "***"]);
         assert_eq!(s.timeouts, Timeouts::default());
         assert_eq!(s.layout, KeyLayout::default());
     }

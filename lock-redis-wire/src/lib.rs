@@ -6,6 +6,7 @@ pub mod errors;
 pub mod keys;
 mod reply;
 pub mod scripts;
+pub mod server;
 pub mod socket;
 
 pub use batch::{Batcher, Claim, Handout};

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod connection;
+mod eviction;
 mod view;
 mod wake;
 
@@ -155,11 +156,15 @@ impl RedisBackend {
             }
             Conn::Cluster(_) => None,
         };
+        let capabilities = match eviction::lock_key_eviction(&conn, &settings, &endpoint).await {
+            Some(servers) => capabilities(backend, cluster).with_lock_key_eviction(servers),
+            None => capabilities(backend, cluster),
+        };
         let inner = Inner {
             conn,
             batcher,
             wakeups: Wakeups::new(&settings),
-            capabilities: capabilities(backend, cluster),
+            capabilities,
             endpoint,
             settings,
             cluster,
@@ -330,6 +335,7 @@ fn capabilities(backend: &'static str, cluster: bool) -> Capabilities {
     };
     Capabilities::new(backend, SafetyModel::SingleNode)
         .with_fencing(FencingGuarantee::Strict, fencing.iter().copied())
+        .with_exclusion_resting_on([Assumption::ServerEvictsNoLockKeys])
         .with_wake_up(WakeUp::PubSub)
         .with_remaining_ttl(true)
         .with_lock_outlives_connection(true)

@@ -1,10 +1,12 @@
 //! The `redlock://` URL and the options it carries.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
-use lock_core::url::ServerUrl;
+use lock_core::url::{Server, ServerUrl};
 use lock_core::{Error, Result};
-use lock_redis_wire::config::RESPONSE_TIMEOUT;
+use lock_redis_wire::config::{DEFAULT_PORT, RESPONSE_TIMEOUT};
 use lock_redis_wire::{RedisSettings, Timeouts};
 
 /// The query options this backend reads beyond the ones every Redis backend
@@ -99,9 +101,47 @@ fn read(url: &str, options: RedlockOptions) -> Result<(RedisSettings, RedlockOpt
             ),
         ));
     }
+    refuse_duplicate_nodes(&parsed)?;
     let settings = RedisSettings::from_url(&parsed, tls, OPTIONS)?;
     let options = options.with_url(&parsed, &settings)?;
     Ok((settings, options))
+}
+
+/// Refuses a node listed twice: both connections would reach one server,
+/// which would then count twice towards a quorum (and `h,h,h` is one
+/// server that claims to survive a failure). Entries are compared by host
+/// and port as the URL writes them, after the forms that name one address
+/// alike: the host's case, a trailing dot, the default port, IPv6 spellings
+/// and IPv4 addresses mapped into IPv6. (Two names of one server, such as
+/// `localhost` and `127.0.0.1`, are told apart at connect by the servers'
+/// `run_id`.)
+fn refuse_duplicate_nodes(url: &ServerUrl) -> Result<()> {
+    let identity = |server: &Server| {
+        let host = server.host.trim_end_matches('.').to_ascii_lowercase();
+        let host = match host.parse::<IpAddr>() {
+            Ok(ip) => ip.to_canonical().to_string(),
+            Err(_) => host,
+        };
+        (host, server.port.unwrap_or(DEFAULT_PORT))
+    };
+    let mut seen = HashMap::new();
+    for (i, server) in url.servers.iter().enumerate() {
+        if let Some(&first) = seen.get(&identity(server)) {
+            let address = |i: usize| url.servers[i].address(DEFAULT_PORT);
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{url}: node #{} ({}) and node #{} ({}) are one server listed twice; it would count twice towards a quorum, so list each node once",
+                    first + 1,
+                    address(first),
+                    i + 1,
+                    address(i)
+                ),
+            ));
+        }
+        seen.insert(identity(server), i);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -118,6 +158,60 @@ mod tests {
         let (_, options) = parse(url, RedlockOptions::default()).unwrap();
         assert_eq!(options.node_timeout, Duration::from_millis(20));
         assert_eq!(options.connect_timeout, Duration::from_millis(500));
+    }
+
+    /// Two entries for one server would let that server count twice
+    /// towards a quorum.
+    #[test]
+    fn a_node_listed_twice_is_refused_naming_both_entries() {
+        for (input, first, second) in [
+            (
+                "redlock://a:6379,a:6379,b:6379",
+                "#1 (a:6379)",
+                "#2 (a:6379)",
+            ),
+            ("redlock://h:1,h:1,h:1", "#1 (h:1)", "#2 (h:1)"),
+            // The default port, the host's case, a trailing dot.
+            ("redlock://a,b:7000,A:6379", "#1 (a:6379)", "#3 (A:6379)"),
+            (
+                "redlock://db.example.,b,db.EXAMPLE",
+                "#1 (db.example.:6379)",
+                "#3 (db.EXAMPLE:6379)",
+            ),
+            // IPv6 written two ways, and an IPv4 address mapped into IPv6.
+            (
+                "redlock://[::1]:7000,b,[0:0:0:0:0:0:0:1]:7000",
+                "#1 ([::1]:7000)",
+                "#3 ([::1]:7000)",
+            ),
+            (
+                "redlock://127.0.0.1,b,[::ffff:127.0.0.1]:6379",
+                "#1 (127.0.0.1:6379)",
+                "#3 ([::ffff:127.0.0.1]:6379)",
+            ),
+            // Other credentials do not make another server.
+            (
+                "redlock://u1:secret-1@a:1,u2:secret-2@a:1,u3:secret-3@c:1",
+                "#1 (a:1)",
+                "#2 (a:1)",
+            ),
+        ] {
+            let err = parse(input, RedlockOptions::default()).unwrap_err();
+            let text = err.to_string();
+            assert!(err.is_invalid_input(), "{input}: {err}");
+            assert!(
+                text.contains(&format!("node {first}")) && text.contains(&format!("node {second}")),
+                "{input}: {text}"
+            );
+            assert!(!text.contains("secret"), "{input}: {text}");
+        }
+        for distinct in [
+            "redlock://a:6379,a:6380,b:6379",
+            "redlock://127.0.0.1,127.0.0.2,localhost",
+            "redlock://[::1],[::2],a",
+        ] {
+            parse(distinct, RedlockOptions::default()).expect(distinct);
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 pub use config::RedlockOptions;
 pub use quorum::{QuorumError, quorum, tolerated_failures, validity};
 
-use nodes::{Node, NodeResult, Nodes};
+use nodes::{Node, NodeResult, Nodes, Probe};
 use quorum::{Reply, Tally};
 use wake::Wakeups;
 
@@ -91,13 +91,17 @@ impl RedlockBackend {
         let nodes = Nodes::new(connections(&settings, &options)?, options.node_timeout);
         // Connect to all at once; a minority may be down now and come back later.
         let reachable = Nodes::new(nodes.nodes().to_vec(), options.connect_timeout);
-        let pings = reachable
-            .ask_all(|node| {
-                let mut c = node.connection.clone();
-                async move { redis::cmd("PING").query_async::<String>(&mut c).await }
-            })
-            .await;
-        let tally = Tally::new(pings.into_iter().map(reply_of).collect());
+        let answers = reachable.ask_all(Node::probe).await;
+        let tally = Tally::new(
+            (answers.iter())
+                .map(|a| match a {
+                    Ok(_) => Reply::Done(()),
+                    Err(why) => Reply::Failed(why.clone()),
+                })
+                .collect(),
+        );
+        let probes: Vec<Option<Probe>> = answers.into_iter().map(Result::ok).collect();
+        refuse_one_server_twice(&settings, &probes)?;
         if !tally.has_quorum() {
             let err = tally.to_error("connect", &settings.endpoints);
             return Err(unavailable(&settings.url, err));
@@ -105,6 +109,7 @@ impl RedlockBackend {
         for (endpoint, why) in tally.to_error("connect", &settings.endpoints).failed {
             tracing::warn!(%endpoint, reason = %why, "Redlock node unreachable; continuing with a majority");
         }
+        let eviction = evicting_nodes(&settings, &probes);
         let clients = (0..n)
             .map(|i| settings.client(i))
             .collect::<Result<Vec<_>>>()?;
@@ -125,9 +130,14 @@ impl RedlockBackend {
                     Assumption::BoundedDelaysAndPauses,
                 ],
             )
+            .with_exclusion_resting_on([Assumption::ServerEvictsNoLockKeys])
             .with_wake_up(WakeUp::PubSub)
             .with_tolerated_server_failures(tolerated_failures(n))
             .with_remaining_ttl(true);
+        let capabilities = match eviction {
+            Some(nodes) => capabilities.with_lock_key_eviction(nodes),
+            None => capabilities,
+        };
         Ok(RedlockBackend {
             inner: Arc::new(Inner {
                 endpoints: settings.endpoints.clone(),
@@ -269,6 +279,54 @@ impl RedlockBackend {
             tracing::debug!(endpoint = %node.endpoint, error = %lock_redis_wire::errors::describe(&e), "late grant's token not written back");
         }
     }
+}
+
+/// Refuses two entries of the URL that reached one server under two names
+/// (the same `run_id`), naming both: that server would count twice towards
+/// a quorum. (Entries spelt alike are refused when the URL is read; a node
+/// that did not answer cannot be compared.)
+fn refuse_one_server_twice(settings: &RedisSettings, probes: &[Option<Probe>]) -> Result<()> {
+    let run_ids: Vec<Option<&str>> = probes
+        .iter()
+        .map(|p| p.as_ref().and_then(|p| p.run_id.as_deref()))
+        .collect();
+    for (j, id) in run_ids.iter().enumerate() {
+        let Some(id) = id else { continue };
+        if let Some(i) = run_ids[..j].iter().position(|other| *other == Some(id)) {
+            let entry = |i: usize| format!("node #{} ({})", i + 1, settings.addresses[i]);
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{}: {} and {} are one server under two names (the same `run_id`); it would count twice towards a quorum, so list each node once",
+                    settings.url,
+                    entry(i),
+                    entry(j)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The nodes that may evict lock keys, with their policy, for the
+/// capabilities, each warned of; `None` when there are none.
+fn evicting_nodes(settings: &RedisSettings, probes: &[Option<Probe>]) -> Option<String> {
+    let mut evicting = Vec::new();
+    for (i, probe) in probes.iter().enumerate() {
+        let node = format!("node #{} ({})", i + 1, settings.addresses[i]);
+        match probe.as_ref().map(|p| &p.eviction) {
+            Some(Ok(eviction)) if eviction.warn_if_evicting(&node) => {
+                evicting.push(eviction.on(&node));
+            }
+            Some(Err(why)) => tracing::warn!(
+                %node,
+                reason = %why,
+                "could not read whether the node may evict lock keys (neither `CONFIG GET maxmemory*` nor `INFO memory` answered)"
+            ),
+            _ => {}
+        }
+    }
+    (!evicting.is_empty()).then(|| evicting.join("; "))
 }
 
 /// Per node, one lazily connected, multiplexed connection, and the batcher

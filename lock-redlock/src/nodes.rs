@@ -11,6 +11,7 @@ use futures_util::future::{Join, Ready, join, ready};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use lock_redis_wire::Batcher;
+use lock_redis_wire::server::{self, Eviction};
 use redis::aio::ConnectionManager;
 use tokio::time::{Instant, Sleep};
 
@@ -26,6 +27,32 @@ pub(crate) struct Node {
     /// Both go through it, so that a release never overtakes the acquire it
     /// cleans up after.
     pub batcher: Batcher,
+}
+
+/// What connecting learns of a node that answers.
+#[derive(Debug)]
+pub(crate) struct Probe {
+    /// The server's `run_id` (unknown where `INFO` is refused).
+    pub run_id: Option<String>,
+    /// Its eviction policy, or why it could not be read.
+    pub eviction: NodeResult<Eviction>,
+}
+
+impl Node {
+    /// Asks the node whether it answers (`PING`), which server it is, and
+    /// whether it may evict lock keys. Only an unanswered `PING` fails it:
+    /// a node whose ACL refuses the rest still locks.
+    pub(crate) fn probe(&self) -> impl Future<Output = redis::RedisResult<Probe>> + use<> {
+        let mut c = self.connection.clone();
+        async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await?;
+            let run_id = server::run_id(&mut c).await.ok();
+            let eviction = server::eviction(&mut c)
+                .await
+                .map_err(|e| lock_redis_wire::errors::describe(&e));
+            Ok(Probe { run_id, eviction })
+        }
+    }
 }
 
 impl std::fmt::Debug for Node {

@@ -12,22 +12,49 @@
 //! refused. The other nodes' messages, and older tokens (tokens of a key
 //! increase), wake nobody. A message without a token (an operator's force
 //! release, a clean-up after a failed acquire) wakes one waiter.
+//!
+//! Subscriptions: one task per node holds that node's pub/sub connection
+//! and keeps its subscriptions in line with the waiters: a channel is
+//! subscribed while a waiter of this backend waits on it, and unsubscribed
+//! once none does. A wait's rounds each take a wake-up of their own, and
+//! the next round registers before the last one's departure is acted on
+//! (a task spawned then looks again), so one acquire subscribes once per
+//! node, however many rounds it waits.
+//!
+//! A waiter's wake-up is in place once a majority of the nodes listens on
+//! its channel: a held lock is held by a majority, whose releases publish,
+//! so at least one node that listens tells of its release. A node that does
+//! not answer (paused, cut off) holds no waiter back; it subscribes when it
+//! answers.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
 use lock_core::WakeUpFuture;
-use tokio::sync::{Notify, mpsc, oneshot};
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{Notify, mpsc};
 
-/// The waiters' side: which channels are wanted, and a way to wake them.
+/// The pause before dialling a node again after its pub/sub connection
+/// failed, doubling up to [`REDIAL_MAX`] while the failures go on.
+const REDIAL: Duration = Duration::from_millis(50);
+const REDIAL_MAX: Duration = Duration::from_secs(2);
+
+/// What the waiters want and what the nodes have, shared by all of them.
+#[derive(Debug, Default)]
+struct Shared {
+    interest: Mutex<Interest>,
+    /// A node's subscription to some channel changed (see [`Listening`]).
+    changed: Notify,
+}
+
 #[derive(Debug, Default)]
 struct Interest {
     channels: HashMap<String, Channel>,
 }
 
+/// A channel with waiters, or with subscriptions still to undo.
 #[derive(Debug)]
 struct Channel {
     waiters: usize,
@@ -37,12 +64,44 @@ struct Channel {
     newest: u64,
     /// ... and the nodes that told of it, one bit each.
     told: u64,
-    /// Every node confirmed the subscription and none disconnected since:
-    /// a new waiter needs no subscribe round of its own.
-    subscribed: bool,
+    /// Per node, where its subscription stands.
+    nodes: Vec<Listening>,
+    /// The last waiter left, and a task is to look again (see [`close`]).
+    closing: bool,
+}
+
+/// Where one node's subscription to a channel stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listening {
+    /// Not subscribed, nor asked to be.
+    Off,
+    /// The node's task is on it: it subscribes or unsubscribes as the
+    /// waiters then want, and is not counted on meanwhile.
+    Settling,
+    /// Subscribed: the node's release messages arrive.
+    On,
+    /// The node could not be reached; its task dials again while the
+    /// channel is wanted.
+    Failed,
 }
 
 impl Channel {
+    fn new(nodes: usize) -> Channel {
+        Channel {
+            waiters: 0,
+            released: Arc::new(Notify::new()),
+            newest: 0,
+            told: 0,
+            nodes: vec![Listening::Off; nodes],
+            closing: false,
+        }
+    }
+
+    /// Whether no waiter and no node needs the entry any more.
+    fn is_done(&self) -> bool {
+        self.waiters == 0 && !self.closing && self.nodes.iter().all(|n| *n == Listening::Off)
+    }
+
     /// Node `node` (of `nodes`) published `message` on this channel: wakes
     /// one waiter for the first and the majority-making node of a release.
     /// Returns whether it woke one.
@@ -71,16 +130,17 @@ impl Channel {
     }
 }
 
+/// What a node's task is asked to do.
 #[derive(Debug)]
 enum Command {
-    Subscribe(String, oneshot::Sender<()>),
-    Unsubscribe(String),
+    /// Bring the node's subscription to the channel in line with its waiters.
+    Settle(String),
 }
 
 /// The pub/sub connections of all nodes, shared by all waiters.
 #[derive(Debug, Clone)]
 pub(crate) struct Wakeups {
-    interest: Arc<Mutex<Interest>>,
+    shared: Arc<Shared>,
     nodes: Arc<Vec<mpsc::UnboundedSender<Command>>>,
     node_timeout: Duration,
 }
@@ -93,25 +153,27 @@ impl Wakeups {
         node_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
-        let interest = Arc::new(Mutex::new(Interest::default()));
+        let shared = Arc::new(Shared::default());
         let count = clients.len();
         let nodes = clients
             .into_iter()
             .enumerate()
             .map(|(node, client)| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(subscriber(
+                let task = NodeTask {
                     client,
-                    (node, count),
-                    Arc::downgrade(&interest),
-                    rx,
+                    node,
+                    nodes: count,
+                    shared: Arc::downgrade(&shared),
+                    commands: rx,
                     connect_timeout,
-                ));
+                };
+                tokio::spawn(task.run());
                 tx
             })
             .collect();
         Wakeups {
-            interest,
+            shared,
             nodes: Arc::new(nodes),
             node_timeout,
         }
@@ -121,72 +183,72 @@ impl Wakeups {
     /// its lock then marks its grant, so that the grant's release publishes
     /// and wakes the next waiter.
     pub(crate) fn is_waited_for(&self, channel: &str) -> bool {
-        lock(&self.interest)
+        lock(&self.shared.interest)
             .channels
             .get(channel)
             .is_some_and(|c| c.waiters > 0)
     }
 
-    /// Registers a waiter on `channel` and subscribes it on every node,
-    /// waiting at most the per-node timeout for each confirmation. `None`
-    /// when no node confirmed (the waiter then polls).
+    /// Registers a waiter on `channel`, has every node that does not listen
+    /// on it subscribe, and returns once a majority listens (or every node
+    /// has answered, or the per-node timeout has passed: the subscriptions
+    /// still to come count once they come).
     pub(crate) async fn on_release(&self, channel: String) -> Option<WakeUpFuture> {
-        let (mut released, subscribed) = {
-            let mut interest = lock(&self.interest);
+        let (mut released, settle) = {
+            let mut interest = lock(&self.shared.interest);
             let entry = interest
                 .channels
                 .entry(channel.clone())
-                .or_insert_with(|| Channel {
-                    waiters: 0,
-                    released: Arc::new(Notify::new()),
-                    newest: 0,
-                    told: 0,
-                    subscribed: false,
-                });
+                .or_insert_with(|| Channel::new(self.nodes.len()));
             entry.waiters += 1;
             let released = Box::pin(entry.released.clone().notified_owned());
-            (released, entry.subscribed)
+            // The other nodes listen, or their task is on it and finds the
+            // channel wanted, or it dials again on its own.
+            let settle: Vec<usize> = (0..entry.nodes.len())
+                .filter(|&i| entry.nodes[i] == Listening::Off)
+                .collect();
+            for &i in &settle {
+                entry.nodes[i] = Listening::Settling;
+            }
+            (released, settle)
         };
-        // In line from now: a message while the subscriptions are confirmed counts.
+        // In line from now: a release message from a node that listens counts.
         released.as_mut().enable();
         let registration = Registration {
             wakeups: self.clone(),
             channel: channel.clone(),
         };
-        if subscribed {
-            // Another waiter of this backend keeps the channel subscribed
-            // everywhere (each round of a wait registers anew).
-            return Some(Box::pin(async move {
-                let _registration = registration;
-                released.await;
-            }));
+        for i in settle {
+            let _ = self.nodes[i].send(Command::Settle(channel.clone()));
         }
-        let confirmations = self.nodes.iter().map(|node| {
-            let (ack, confirmed) = oneshot::channel();
-            let sent = node.send(Command::Subscribe(channel.clone(), ack)).is_ok();
-            async move {
-                sent && tokio::time::timeout(self.node_timeout, confirmed)
-                    .await
-                    .is_ok_and(|r| r.is_ok())
-            }
-        });
-        let confirmed = join_all(confirmations)
-            .await
-            .into_iter()
-            .filter(|ok| *ok)
-            .count();
-        if confirmed == 0 {
-            return None;
-        }
-        if confirmed == self.nodes.len()
-            && let Some(entry) = lock(&self.interest).channels.get_mut(&channel)
-        {
-            entry.subscribed = true;
-        }
+        let _ = tokio::time::timeout(self.node_timeout, self.majority_listens(&channel)).await;
         Some(Box::pin(async move {
             let _registration = registration;
             released.await;
         }))
+    }
+
+    /// Returns once a majority of the nodes listens on `channel`, or every
+    /// node has either subscribed or failed.
+    async fn majority_listens(&self, channel: &str) {
+        let quorum = crate::quorum(self.nodes.len());
+        loop {
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let interest = lock(&self.shared.interest);
+                let Some(entry) = interest.channels.get(channel) else {
+                    return;
+                };
+                let count = |state| entry.nodes.iter().filter(|n| **n == state).count();
+                let on = count(Listening::On);
+                if on >= quorum || on + count(Listening::Failed) == entry.nodes.len() {
+                    return;
+                }
+            }
+            changed.await;
+        }
     }
 }
 
@@ -198,133 +260,289 @@ struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut interest = lock(&self.wakeups.interest);
+        let mut interest = lock(&self.wakeups.shared.interest);
         let Some(entry) = interest.channels.get_mut(&self.channel) else {
             return;
         };
         entry.waiters -= 1;
-        if entry.waiters == 0 {
-            interest.channels.remove(&self.channel);
-            for node in self.wakeups.nodes.iter() {
-                let _ = node.send(Command::Unsubscribe(self.channel.clone()));
+        if entry.waiters > 0 || entry.closing {
+            return;
+        }
+        entry.closing = true;
+        drop(interest);
+        let close = close(
+            Arc::downgrade(&self.wakeups.shared),
+            self.wakeups.nodes.clone(),
+            self.channel.clone(),
+        );
+        // Spawned, not run here: a wait's next round registers first (it
+        // runs on in this same poll), and the task then finds the channel
+        // wanted again.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(close)),
+            Err(_) => futures_util::FutureExt::now_or_never(close).unwrap_or(()),
+        }
+    }
+}
+
+/// After the last waiter of `channel` left: unless another waiter has come
+/// since, has every node that may listen unsubscribe.
+async fn close(
+    shared: Weak<Shared>,
+    nodes: Arc<Vec<mpsc::UnboundedSender<Command>>>,
+    channel: String,
+) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let settle = {
+        let mut interest = lock(&shared.interest);
+        let Some(entry) = interest.channels.get_mut(&channel) else {
+            return;
+        };
+        entry.closing = false;
+        if entry.waiters > 0 {
+            return;
+        }
+        // A node already settling looks at the waiters when it gets to it.
+        let mut settle = Vec::new();
+        for (i, state) in entry.nodes.iter_mut().enumerate() {
+            if matches!(state, Listening::On | Listening::Failed) {
+                *state = Listening::Settling;
+                settle.push(i);
             }
         }
+        if entry.is_done() {
+            interest.channels.remove(&channel);
+        }
+        settle
+    };
+    for i in settle {
+        let _ = nodes[i].send(Command::Settle(channel.clone()));
     }
 }
 
 fn lock(interest: &Mutex<Interest>) -> MutexGuard<'_, Interest> {
-    // Every update is a single insert, remove or counter change: a panic
-    // elsewhere cannot leave the map inconsistent.
+    // Every update is a single insert, remove or change of a field: a
+    // panic elsewhere cannot leave the map inconsistent.
     interest.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Wakes every waiter: after a disconnection messages may have been
-/// missed, so each waiter attempts again rather than sleep out its backoff.
-fn wake_everyone(interest: &std::sync::Weak<Mutex<Interest>>) {
-    if let Some(interest) = interest.upgrade() {
-        for entry in lock(&interest).channels.values_mut() {
-            // Resubscribed on reconnection; until a waiter sees it confirmed,
-            // new waiters subscribe themselves.
-            entry.subscribed = false;
-            entry.released.notify_waiters();
-        }
-    }
+/// One node's pub/sub connection, driven until the backend is dropped.
+struct NodeTask {
+    client: redis::Client,
+    /// This node's index, and how many there are.
+    node: usize,
+    nodes: usize,
+    shared: Weak<Shared>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    /// Bounds a dial, and the answer to a SUBSCRIBE or UNSUBSCRIBE: a node
+    /// that leaves one unanswered this long counts as disconnected.
+    connect_timeout: Duration,
 }
 
-/// Drives one node's pub/sub connection until the backend is dropped.
-/// `(node, nodes)`: this node's index, and how many there are.
-async fn subscriber(
-    client: redis::Client,
-    (node, nodes): (usize, usize),
-    interest: std::sync::Weak<Mutex<Interest>>,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-    connect_timeout: Duration,
-) {
-    let mut retry = Duration::from_millis(50);
-    loop {
-        // Connect only when somebody waits: idle backends hold no pub/sub
-        // connection. A new subscription connects at once; channels still
-        // wanted after a disconnection or a failed connect, after `retry`.
-        let wanted = match interest.upgrade() {
-            Some(i) => !lock(&i).channels.is_empty(),
-            None => return,
-        };
-        let command = if wanted {
-            tokio::select! {
-                command = commands.recv() => Some(command),
-                () = tokio::time::sleep(retry) => None,
+/// Why a connection ended.
+enum Ended {
+    /// It broke, or a node left a request unanswered.
+    Broken,
+    /// The backend is gone.
+    Shutdown,
+}
+
+impl NodeTask {
+    async fn run(mut self) {
+        let mut redial = REDIAL;
+        loop {
+            // Not connected: connect only when somebody waits, so that idle
+            // backends hold no pub/sub connection. A new subscription
+            // connects at once; channels still wanted after a failure,
+            // after a pause.
+            let Some(wanted) = self.off_where_unwanted() else {
+                return;
+            };
+            if wanted {
+                tokio::select! {
+                    command = self.commands.recv() => if command.is_none() { return },
+                    () = tokio::time::sleep(redial) => {}
+                }
+            } else if self.commands.recv().await.is_none() {
+                return;
             }
-        } else {
-            Some(commands.recv().await)
-        };
-        let first = match command {
-            Some(None) => return,
-            Some(Some(Command::Unsubscribe(_))) => continue,
-            Some(Some(Command::Subscribe(channel, ack))) => Some((channel, ack)),
-            None => None,
-        };
-        let pubsub = match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
-            Ok(Ok(pubsub)) => pubsub,
-            _ => {
-                // Dropping the acknowledgement tells the new waiter to poll.
-                drop(first);
-                retry = (retry * 2).min(Duration::from_secs(2));
+            // Asked to undo a subscription, which went with the connection.
+            if self.off_where_unwanted() != Some(true) {
                 continue;
             }
-        };
-        let (mut sink, mut messages) = pubsub.split();
-        let wanted: Vec<String> = match interest.upgrade() {
-            Some(i) => lock(&i).channels.keys().cloned().collect(),
-            None => return,
-        };
-        let mut healthy = true;
-        for channel in &wanted {
-            healthy &= sink.subscribe(channel).await.is_ok();
+            let pubsub =
+                match tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
+                    .await
+                {
+                    Ok(Ok(pubsub)) => pubsub,
+                    _ => {
+                        self.failed();
+                        redial = (redial * 2).min(REDIAL_MAX);
+                        continue;
+                    }
+                };
+            let (mut sink, mut messages) = pubsub.split();
+            let mut on_server = HashSet::new();
+            let channels: Vec<String> = match self.shared.upgrade() {
+                Some(shared) => lock(&shared.interest).channels.keys().cloned().collect(),
+                None => return,
+            };
+            let mut healthy = true;
+            for channel in &channels {
+                healthy = self.settle(&mut sink, &mut on_server, channel).await;
+                if !healthy {
+                    break;
+                }
+            }
+            if !healthy {
+                // A node that connects but does not subscribe is dialled slowly.
+                self.failed();
+                redial = (redial * 2).min(REDIAL_MAX);
+                continue;
+            }
+            redial = REDIAL;
+            match self.serve(&mut sink, &mut messages, &mut on_server).await {
+                Ended::Shutdown => return,
+                Ended::Broken => {
+                    self.failed();
+                    // Release messages may have been missed: every waiter
+                    // tries again rather than sleep out its backoff.
+                    self.wake_everyone();
+                }
+            }
         }
-        // A node that connects but refuses to subscribe is retried slowly.
-        retry = if healthy {
-            Duration::from_millis(50)
-        } else {
-            (retry * 2).min(Duration::from_secs(2))
-        };
-        // The new waiter's channel is among those just subscribed, unless it
-        // has left meanwhile.
-        if let Some((channel, ack)) = first
-            && healthy
-            && (wanted.contains(&channel) || sink.subscribe(&channel).await.is_ok())
-        {
-            let _ = ack.send(());
-        }
-        while healthy {
+    }
+
+    /// Subscribes and unsubscribes as asked, and hands release messages to
+    /// the waiters, until the connection breaks or the backend is gone.
+    async fn serve(
+        &mut self,
+        sink: &mut PubSubSink,
+        messages: &mut PubSubStream,
+        on_server: &mut HashSet<String>,
+    ) -> Ended {
+        loop {
             tokio::select! {
-                message = messages.next() => match message {
-                    None => healthy = false,
-                    Some(message) => {
-                        let Some(interest) = interest.upgrade() else { return };
-                        if let Some(entry) = lock(&interest).channels.get_mut(message.get_channel_name()) {
-                            entry.release_message(message.get_payload_bytes(), node, nodes);
-                        }
+                message = messages.next() => {
+                    let Some(message) = message else { return Ended::Broken };
+                    let Some(shared) = self.shared.upgrade() else { return Ended::Shutdown };
+                    if let Some(entry) = lock(&shared.interest).channels.get_mut(message.get_channel_name()) {
+                        entry.release_message(message.get_payload_bytes(), self.node, self.nodes);
                     }
-                },
-                command = commands.recv() => match command {
-                    None => return,
-                    Some(Command::Subscribe(channel, ack)) => {
-                        healthy = sink.subscribe(&channel).await.is_ok();
-                        if healthy {
-                            let _ = ack.send(());
-                        }
-                    }
-                    Some(Command::Unsubscribe(channel)) => {
-                        let Some(interest) = interest.upgrade() else { return };
-                        let unused = !lock(&interest).channels.contains_key(&channel);
-                        if unused {
-                            healthy = sink.unsubscribe(&channel).await.is_ok();
+                }
+                command = self.commands.recv() => match command {
+                    None => return Ended::Shutdown,
+                    Some(Command::Settle(channel)) => {
+                        if !self.settle(sink, on_server, &channel).await {
+                            return Ended::Broken;
                         }
                     }
                 },
             }
         }
-        wake_everyone(&interest);
+    }
+
+    /// Subscribes to `channel` while it has waiters, or unsubscribes once it
+    /// has none, until the server agrees with the waiters; then says so in
+    /// the channel's entry. False when the connection is no good.
+    async fn settle(
+        &self,
+        sink: &mut PubSubSink,
+        on_server: &mut HashSet<String>,
+        channel: &str,
+    ) -> bool {
+        loop {
+            let Some(shared) = self.shared.upgrade() else {
+                return false;
+            };
+            let wanted = lock(&shared.interest)
+                .channels
+                .get(channel)
+                .is_some_and(|c| c.waiters > 0);
+            let on = on_server.contains(channel);
+            if wanted == on {
+                let state = if on { Listening::On } else { Listening::Off };
+                self.set(&shared, channel, state);
+                return true;
+            }
+            // Not counted on while the request is on its way; a waiter that
+            // comes or goes meanwhile is seen on the next turn.
+            self.set(&shared, channel, Listening::Settling);
+            drop(shared);
+            let request = async {
+                if wanted {
+                    sink.subscribe(channel).await
+                } else {
+                    sink.unsubscribe(channel).await
+                }
+            };
+            match tokio::time::timeout(self.connect_timeout, request).await {
+                Ok(Ok(())) if wanted => on_server.insert(channel.to_owned()),
+                Ok(Ok(())) => on_server.remove(channel),
+                _ => return false,
+            };
+        }
+    }
+
+    /// Sets this node's state for `channel`, drops an entry nobody needs,
+    /// and tells those waiting for subscriptions.
+    fn set(&self, shared: &Shared, channel: &str, state: Listening) {
+        let mut interest = lock(&shared.interest);
+        if let Some(entry) = interest.channels.get_mut(channel) {
+            entry.nodes[self.node] = state;
+            if entry.is_done() {
+                interest.channels.remove(channel);
+            }
+        }
+        drop(interest);
+        shared.changed.notify_waiters();
+    }
+
+    /// Without a connection this node listens on nothing: the channels no
+    /// waiter wants are off here. Returns whether any channel is wanted;
+    /// `None` once the backend is gone.
+    fn off_where_unwanted(&self) -> Option<bool> {
+        self.mark(|state| state)
+    }
+
+    /// The connection failed or broke: the channels with waiters fail here
+    /// until the node is reached again (so that nobody waits for this
+    /// node's subscription), the others are off.
+    fn failed(&self) {
+        self.mark(|_| Listening::Failed);
+    }
+
+    /// Sets this node's state of each channel with waiters to `wanted(its
+    /// state)`, and of the others to off; returns whether any channel has
+    /// waiters.
+    fn mark(&self, wanted: impl Fn(Listening) -> Listening) -> Option<bool> {
+        let shared = self.shared.upgrade()?;
+        let mut interest = lock(&shared.interest);
+        let mut any = false;
+        interest.channels.retain(|_, entry| {
+            let state = &mut entry.nodes[self.node];
+            if entry.waiters > 0 {
+                *state = wanted(*state);
+                any = true;
+            } else {
+                *state = Listening::Off;
+            }
+            !entry.is_done()
+        });
+        drop(interest);
+        shared.changed.notify_waiters();
+        Some(any)
+    }
+
+    /// Wakes every waiter.
+    fn wake_everyone(&self) {
+        if let Some(shared) = self.shared.upgrade() {
+            for entry in lock(&shared.interest).channels.values() {
+                entry.released.notify_waiters();
+            }
+        }
     }
 }
 
@@ -412,13 +630,8 @@ mod tests {
 
     #[test]
     fn a_release_wakes_at_its_first_and_its_majority_making_node() {
-        let mut channel = Channel {
-            waiters: 1,
-            released: Arc::new(Notify::new()),
-            newest: 0,
-            told: 0,
-            subscribed: true,
-        };
+        let mut channel = Channel::new(5);
+        channel.waiters = 1;
         let mut tell = |message: &str, node| channel.release_message(message.as_bytes(), node, 5);
         let woke: Vec<bool> = [("7", 0), ("7", 1), ("7", 1), ("7", 2), ("7", 3), ("7", 4)]
             .into_iter()

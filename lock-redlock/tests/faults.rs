@@ -509,3 +509,44 @@ async fn a_node_down_at_connect_takes_part_once_it_is_up() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A paused node never confirms a subscription: a waiter's wake-up is in
+/// place once a majority has confirmed, and the release, told by the other
+/// nodes, wakes it. Waiting for the paused node's confirmation would take
+/// the node timeout, three times this test's patience.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_does_not_hold_back_a_waiters_wake_up() {
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    // Patient everywhere: no timeout ends a wait within the test's
+    // patience, so only the release can wake the waiter.
+    let options = RedlockOptions::default()
+        .node_timeout(Duration::from_secs(60))
+        .connect_timeout(Duration::from_secs(60));
+    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend.clone());
+    let patience = Duration::from_secs(20);
+    let key = |name| lock_core::validate::key(name, &backend.capabilities().limits).unwrap();
+    // An earlier wait opened the subscription connections, which stay:
+    // the paused node's takes the next SUBSCRIBE and never answers it.
+    drop(
+        backend
+            .on_release(&key("earlier"))
+            .await
+            .expect("a wake-up"),
+    );
+    let _paused = Paused::pause(&nodes, &[2]);
+    let key = key("woken");
+
+    let woken = tokio::time::timeout(patience, backend.on_release(&key))
+        .await
+        .expect("the wake-up waited for the paused node's subscription")
+        .expect("a wake-up");
+    // Taken while a waiter is registered: its release is published.
+    let lease = locker.try_acquire("woken", TTL).await.expect("two grant");
+    locker.release(lease).await.expect("release on two");
+    tokio::time::timeout(patience, woken)
+        .await
+        .expect("the release told by two nodes did not wake the waiter");
+}

@@ -21,6 +21,7 @@
 //! survives_server_loss = 1      # tolerated_server_failures >= 1
 //! min_safety = "consensus"      # in-process < single-node < quorum < consensus < acid-transaction
 //! fifo_fair = true              # waiters are served in order
+//! no_eviction = true            # no server that may evict lock keys (Redis: maxmemory-policy noeviction)
 //! # lock_outlives_connection = false  # a dead client connection frees the lock at once (PostgreSQL only)
 //! ```
 //!
@@ -148,6 +149,7 @@ struct FileRequirements {
     min_safety: Option<String>,
     fifo_fair: Option<bool>,
     lock_outlives_connection: Option<bool>,
+    no_eviction: Option<bool>,
 }
 
 impl Config {
@@ -299,6 +301,7 @@ impl Profile {
             min_safety,
             fifo_fair: r.fifo_fair.unwrap_or(false),
             lock_outlives_connection: r.lock_outlives_connection,
+            no_eviction: r.no_eviction.unwrap_or(false),
         };
         let requirements = uses
             .map(RequirementSet::requirements)
@@ -589,6 +592,48 @@ mod tests {
         for set in RequirementSet::ALL {
             assert_eq!(RequirementSet::from_name(set.name()), Some(set));
         }
+    }
+
+    /// A server that may evict a held lock's key breaks mutual exclusion:
+    /// every set above deduplication refuses it, naming the policy and the fix.
+    #[test]
+    fn every_set_above_deduplication_refuses_a_server_that_may_evict_locks() {
+        let evicting = caps_like_redis()
+            .with_lock_key_eviction("`allkeys-lru` (maxmemory 2097152 bytes) on redis://h:6379");
+        assert!(
+            RequirementSet::IdempotentDeduplication
+                .requirements()
+                .shortfalls(&evicting)
+                .is_empty()
+        );
+        let s = RequirementSet::GeneralMutex
+            .requirements()
+            .shortfalls(&evicting);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(s[0].requires.contains("evict no lock keys"), "{s:?}");
+        assert!(
+            s[0].offers
+                .contains("`allkeys-lru` (maxmemory 2097152 bytes) on redis://h:6379")
+                && s[0].offers.contains("maxmemory-policy noeviction"),
+            "{s:?}"
+        );
+        for set in [
+            RequirementSet::GeneralMutex,
+            RequirementSet::FinancialInventory,
+            RequirementSet::StrongConsistency,
+            RequirementSet::BankingCore,
+        ] {
+            assert!(set.requirements().no_eviction, "{set}");
+        }
+        let own = Config::parse(
+            "[profiles.a]\nurl = \"memory://\"\n[profiles.a.require]\nno_eviction = true",
+            "f.toml",
+        )
+        .unwrap();
+        let own = own.profile("a").unwrap();
+        assert!(own.requirements.no_eviction);
+        assert_eq!(own.requirements.shortfalls(&evicting).len(), 1);
+        assert!(own.requirements.shortfalls(&caps_like_redis()).is_empty());
     }
 
     #[tokio::test]

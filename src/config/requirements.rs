@@ -26,6 +26,11 @@ pub struct Requirements {
     /// `lock_outlives_connection = true|false`: whether a grant must outlive
     /// (true) or die with (false) the client's connection.
     pub lock_outlives_connection: Option<bool>,
+    /// `no_eviction = true`: no server was found, when connecting, that may
+    /// evict a held lock's key to free memory (a Redis with a `maxmemory`
+    /// and a policy other than `noeviction`; see
+    /// [`Capabilities::lock_key_eviction`]).
+    pub no_eviction: bool,
 }
 
 /// A requirement the backend does not meet, and what it offers instead.
@@ -82,6 +87,17 @@ impl Requirements {
                 ),
             );
         }
+        if self.no_eviction
+            && let Some(eviction) = &caps.lock_key_eviction
+        {
+            miss(
+                "servers that evict no lock keys (`maxmemory-policy noeviction`, or no `maxmemory`)"
+                    .into(),
+                format!(
+                    "{eviction}, which may evict a held lock's key and grant the lock again; set `maxmemory-policy noeviction` there"
+                ),
+            );
+        }
         if self.fifo_fair && !caps.fifo_fair {
             miss(
                 "waiters served in FIFO order".into(),
@@ -114,6 +130,7 @@ impl Requirements {
             lock_outlives_connection: other
                 .lock_outlives_connection
                 .or(self.lock_outlives_connection),
+            no_eviction: self.no_eviction || other.no_eviction,
         }
     }
 }
@@ -130,7 +147,8 @@ pub enum RequirementSet {
     IdempotentDeduplication,
     /// `general-mutex` (alias `mutex`): `single-node` or better, with strict
     /// fencing so a resource that can check tokens refuses a stale holder;
-    /// fencing may rest on clocks.
+    /// fencing may rest on clocks. No server may evict lock keys (this and
+    /// every set after it): an evicted lock is granted again while held.
     GeneralMutex,
     /// `financial-inventory` (aliases `financial`, `inventory`): strict
     /// fencing that rests on no clock assumption. Money and stock must not
@@ -186,12 +204,17 @@ impl RequirementSet {
 
     /// What the set requires.
     pub fn requirements(self) -> Requirements {
-        let shared = Requirements {
+        let deduplication = Requirements {
             min_safety: Some(SafetyModel::SingleNode),
             ..Requirements::default()
         };
+        // Above deduplication, a lock granted twice is a fault, not repeated work.
+        let shared = Requirements {
+            no_eviction: true,
+            ..deduplication
+        };
         match self {
-            RequirementSet::IdempotentDeduplication => shared,
+            RequirementSet::IdempotentDeduplication => deduplication,
             RequirementSet::GeneralMutex => Requirements {
                 strict_fencing: true,
                 ..shared

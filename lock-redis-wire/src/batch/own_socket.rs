@@ -100,7 +100,11 @@ pub(super) async fn send_batches(
         if !open && on_wire.is_empty() && again.is_empty() && queue.is_empty() {
             return;
         }
-        let stalls_at = on_wire.front().map(|sent| sent.written + response_timeout);
+        // A response timeout too long for the clock (`Duration::MAX`) means
+        // "as long as it takes": the connection never stalls.
+        let stalls_at = on_wire
+            .front()
+            .and_then(|sent| sent.written.checked_add(response_timeout));
         let stalled = stalls_at.is_some_and(|at| Instant::now() >= at);
         // The requests received in this pass are those after these.
         let waited = queue.waiting();

@@ -1,0 +1,82 @@
+//! A timeout too long for the clock to count (`Duration::MAX`, or
+//! `u64::MAX` milliseconds in a URL) means "as long as it takes": the
+//! backend connects and locks, and nothing panics.
+
+use std::time::Duration;
+
+use lock_core::{Lease, Locker};
+use lock_redlock::{RedlockBackend, RedlockOptions};
+use lock_testkit::RedisNodes;
+use tokio::time::timeout;
+
+const TTL: Duration = Duration::from_secs(30);
+/// Far beyond what any step below takes, far below "forever".
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Acquire, a refused acquire, extend, a waiter woken by the release (so
+/// the wake-ups' connections run too), release.
+async fn locks_work(locker: &Locker, key: &str) {
+    let mut held = timeout(PATIENCE, locker.try_acquire(key, TTL))
+        .await
+        .expect("acquire hung")
+        .expect("acquire");
+    let refused = timeout(PATIENCE, locker.try_acquire(key, TTL))
+        .await
+        .expect("a refused acquire hung");
+    assert!(refused.unwrap_err().is_contended());
+    timeout(PATIENCE, locker.extend(&mut held, TTL))
+        .await
+        .expect("extend hung")
+        .expect("extend");
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.to_owned());
+        async move { locker.acquire(&key, TTL, Duration::MAX).await }
+    });
+    let token = held.fencing_token();
+    release(locker, held).await;
+    let next = timeout(PATIENCE, waiter)
+        .await
+        .expect("the waiter was never granted")
+        .expect("the waiting task panicked")
+        .expect("acquire after the release");
+    assert!(next.fencing_token() > token);
+    release(locker, next).await;
+}
+
+async fn release(locker: &Locker, lease: Lease) {
+    timeout(PATIENCE, locker.release(lease))
+        .await
+        .expect("release hung")
+        .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_timeouts_too_long_for_the_clock_wait_as_long_as_it_takes() {
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    let forever = u64::MAX;
+    for option in ["node_timeout_ms", "connect_timeout_ms", "timeout_ms"] {
+        let url = format!("{}?{option}={forever}", nodes.url());
+        let backend = RedlockBackend::connect(&url).await.expect(&url);
+        locks_work(&Locker::new(backend), &format!("forever/{option}")).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builder_timeouts_of_duration_max_wait_as_long_as_it_takes() {
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    for (name, options) in [
+        (
+            "node",
+            RedlockOptions::default().node_timeout(Duration::MAX),
+        ),
+        (
+            "connect",
+            RedlockOptions::default().connect_timeout(Duration::MAX),
+        ),
+    ] {
+        let backend = RedlockBackend::connect_with(&nodes.url(), options)
+            .await
+            .expect("connect");
+        locks_work(&Locker::new(backend), &format!("forever/builder/{name}")).await;
+    }
+}

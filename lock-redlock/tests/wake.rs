@@ -1,0 +1,62 @@
+//! Release wake-ups on private nodes: one subscription per key on each
+//! node across the rounds of a wait.
+
+use std::time::Duration;
+
+use lock_core::{Backoff, Error, Locker, LockerOptions};
+use lock_redlock::RedlockBackend;
+use lock_testkit::RedisNodes;
+use tokio::time::timeout;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// One acquire subscribes once on each node, however many poll rounds its
+/// wait takes, and unsubscribes once it is over. (Current-thread runtime:
+/// the wait's next round registers before anything else runs, as it does
+/// on a busy runtime almost always.)
+#[tokio::test]
+async fn a_waiter_keeps_its_subscriptions_across_poll_rounds() {
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    let backend = RedlockBackend::connect(&nodes.url())
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend).with_options(LockerOptions {
+        backoff: Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(10),
+        },
+        ..LockerOptions::default()
+    });
+    let _held = locker.try_acquire("rounds", TTL).await.unwrap();
+    let polled = locker
+        .acquire("rounds", TTL, Duration::from_millis(500))
+        .await;
+    assert!(matches!(polled, Err(Error::TimedOut { .. })), "{polled:?}");
+    for (i, node) in nodes.nodes().iter().enumerate() {
+        // Each refused attempt asks the holder's remaining TTL.
+        let attempts = node.command_calls("pttl").unwrap();
+        assert!(
+            attempts > 20,
+            "node {i}: only {attempts} attempts, too few rounds to tell"
+        );
+        assert_eq!(
+            node.command_calls("subscribe").unwrap(),
+            1,
+            "node {i}: subscribed again in later rounds of one wait ({attempts} attempts)"
+        );
+    }
+    timeout(Duration::from_secs(20), async {
+        loop {
+            let done = nodes.nodes().iter().all(|node| {
+                node.command_calls("unsubscribe").unwrap() == 1
+                    && node.cli(&["PUBSUB", "CHANNELS", "*"]).unwrap().is_empty()
+            });
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a channel stayed subscribed after the wait");
+}
