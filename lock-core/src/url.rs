@@ -290,23 +290,25 @@ pub fn redact(url: &str) -> String {
     format!("{scheme}://{}{path}", servers.join(","))
 }
 
-/// Whether `part` reads as `host`, `host:port` or `[v6]:port` with a
-/// numeric port, as a server with no user info must.
+/// Whether `part` reads as `host`, `host:port` or `[v6]:port` with a port
+/// that could be one (1 to 65535, no leading zero), as a server with no
+/// user info must. A password of digits that could be a port cannot be
+/// told from one: the docs ask for the `@`.
 fn looks_like_a_server(part: &str) -> bool {
     let port = match part.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {
-            Some((_, after)) => after,
+            Some((_, "")) => return true,
+            Some((_, after)) => after.strip_prefix(':'),
             None => return false,
         },
         None => match part.split_once(':') {
-            Some((_, port)) => return port.bytes().all(|b| b.is_ascii_digit()),
+            Some((_, port)) => Some(port),
             None => return true,
         },
     };
-    port.is_empty()
-        || port
-            .strip_prefix(':')
-            .is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))
+    port.is_some_and(|p| {
+        !p.starts_with('0') && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+    })
 }
 
 /// Refuses a URL whose user info (what comes before an `@`) seems to run
@@ -490,6 +492,9 @@ mod tests {
             ("redis://h:6379,u:S3cret/0", "redis://h:6379,***/0"),
             ("redis://[::1]:S3cret", "redis://***"),
             ("redis://[::1]:6379", "redis://[::1]:6379"),
+            ("redis://default:0123", "redis://***"),
+            ("redis://default:123456", "redis://***"),
+            ("redis://default:", "redis://***"),
             ("redis://h", "redis://h"),
         ] {
             assert_eq!(redact(url), shown, "{url}");

@@ -71,6 +71,9 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
         ('\u{FFFF}', "unassigned"),
         ('\u{FFFD}', "replacement"),
         ('\u{E000}', "private-use"),
+        ('\u{034F}', "invisible"),
+        ('\u{3164}', "invisible"),
+        ('\u{FE0F}', "invisible"),
     ] {
         let spoof = format!("{}{c}x", fx.key("unprintable"));
         expect_invalid(
@@ -80,6 +83,14 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
             &format!("key with U+{:04X}", c as u32),
         );
     }
+    // `café` written with a combining accent prints as the one written with
+    // `é`: two names for one resource would be two locks.
+    expect_invalid(
+        l.try_acquire(&format!("{}cafe\u{301}", fx.key("nfd")), LONG_TTL).await,
+        "key",
+        "NFC",
+        "key not in normalization form C",
+    );
     expect_invalid(
         l.guard("", GuardOptions::new(LONG_TTL)).await,
         "key",
