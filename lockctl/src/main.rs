@@ -2,9 +2,11 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod descendants;
 mod exit;
 mod log;
 mod run;
+mod stop;
 mod target;
 
 use std::ffi::OsString;
@@ -54,14 +56,30 @@ enum Cmd {
     /// since the Unix epoch on this machine's clock; lockctl renews the lock
     /// while CMD runs, so it matters only if renewals fail) in its
     /// environment. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to
-    /// the group (with SIGCONT, so a stopped command gets them too); a group
-    /// still running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
+    /// the group (with SIGCONT, so a stopped command gets them too); SIGTERM
+    /// also to every other process CMD started (see below). What is still
+    /// running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
     /// itself is not stopped by Ctrl-Z (SIGTSTP), which would stop its
-    /// renewals while CMD runs on. If the lock is lost, the whole group gets
-    /// SIGTERM, then SIGKILL after --grace, and lockctl exits 77. Processes
-    /// CMD leaves behind in its group are terminated the same way before the
-    /// lock is released (after a forwarded SIGTERM, within what is left of
-    /// its --grace).
+    /// renewals while CMD runs on. If the lock is lost, CMD and every
+    /// process it started get SIGTERM, then SIGKILL after --grace, and
+    /// lockctl exits 77. Processes CMD leaves behind are terminated the same
+    /// way before the lock is released (after a forwarded SIGTERM, within
+    /// what is left of its --grace).
+    ///
+    /// "Every process CMD started" includes those that left its group: on
+    /// Linux lockctl is a child subreaper, so a process that starts a
+    /// session of its own (setsid), a daemon's double fork or a detaching
+    /// server stays below lockctl, which finds it in /proc and stops it
+    /// with the rest, looking again until none is left.
+    ///
+    /// What can still escape: everything, if lockctl itself is killed by
+    /// SIGKILL (or crashes), since nothing is left to stop it; a process
+    /// handed to another supervisor, which is not below lockctl
+    /// (systemd-run, a command run over ssh, a container started by docker
+    /// or podman, a job given to at or cron); a process running as another
+    /// user that lockctl may not signal (through sudo, su or another setuid
+    /// program, unless lockctl runs as root); and, on platforms other than
+    /// Linux, every process that left the group.
     Run {
         /// The lock's key.
         key: String,
@@ -71,7 +89,7 @@ enum Cmd {
         /// How long to wait for the lock [default: the profile's, else 0s].
         #[arg(long, value_parser = duration)]
         wait: Option<Duration>,
-        /// Time between SIGTERM and SIGKILL when the group must stop (at most 1h).
+        /// Time between SIGTERM and SIGKILL when CMD and what it started must stop (at most 1h).
         #[arg(long, value_parser = grace, default_value = "10s")]
         grace: Duration,
         /// The command and its arguments, after `--`.

@@ -455,6 +455,24 @@ fn help_documents_the_exit_codes() {
     }
 }
 
+/// `run --help` says what lockctl stops besides the process group, and
+/// what can still escape it.
+#[test]
+fn run_help_says_what_can_escape() {
+    let out = output(&["run", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "setsid",
+        "double fork",
+        "What can still escape",
+        "SIGKILL",
+        "systemd-run",
+    ] {
+        assert!(help.contains(needle), "`{needle}` missing from run --help");
+    }
+}
+
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
