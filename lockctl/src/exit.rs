@@ -59,6 +59,7 @@ pub fn code_for(error: &Error) -> u8 {
 
 /// Prints one line on stderr and returns the error's exit code.
 pub fn fail(error: &Error) -> ExitCode {
-    eprintln!("lockctl: {error}");
+    // A server's message is its own text, and may hold a key of its own.
+    eprintln!("lockctl: {}", crate::printable::text(&error.to_string()));
     ExitCode::from(code_for(error))
 }

@@ -5,6 +5,7 @@ mod bench;
 mod descendants;
 mod exit;
 mod log;
+mod printable;
 mod run;
 mod stop;
 mod target;
@@ -197,12 +198,12 @@ fn main() -> ExitCode {
                 .collect();
             let first = first.join(" ");
             let first = first.strip_prefix("error: ").unwrap_or(&first);
-            eprintln!("lockctl: {first} (see lockctl --help)");
+            eprintln!("lockctl: {} (see lockctl --help)", printable::text(first));
             return ExitCode::from(exit::USAGE);
         }
     };
     if let Err(problem) = log::init() {
-        eprintln!("lockctl: {problem}");
+        eprintln!("lockctl: {}", printable::text(&problem));
         return ExitCode::from(exit::CONFIG);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -286,7 +287,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                         ExitCode::SUCCESS
                     }
                     None => {
-                        println!("{key}\tfree");
+                        println!("{}\tfree", printable::key(&key));
                         ExitCode::from(1)
                     }
                 },
@@ -309,11 +310,11 @@ async fn dispatch(cli: Cli) -> ExitCode {
             let key = target.key(&key);
             match locker.force_release(&key).await {
                 Ok(true) => {
-                    println!("{key}\treleased");
+                    println!("{}\treleased", printable::key(&key));
                     ExitCode::SUCCESS
                 }
                 Ok(false) => {
-                    println!("{key}\twas not held");
+                    println!("{}\twas not held", printable::key(&key));
                     ExitCode::from(1)
                 }
                 Err(e) => exit::fail(&e),
@@ -325,7 +326,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
     }
 }
 
-/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as `?`).
+/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as
+/// `?`; the key escaped where it could spoof the terminal).
 fn describe(h: &lockkit::HeldLock) -> String {
     let remaining = h
         .remaining
@@ -337,7 +339,7 @@ fn describe(h: &lockkit::HeldLock) -> String {
         .unwrap_or_else(|| "?".into());
     format!(
         "{}\theld\tremaining={remaining}\tfencing_token={token}",
-        h.key
+        printable::key(&h.key)
     )
 }
 
@@ -349,29 +351,28 @@ async fn check_config(file: &PathBuf, offline: bool) -> ExitCode {
     let mut worst: Option<u8> = None;
     for profile in config.profiles() {
         let url = url::redact(&profile.url);
+        let url = printable::text(&url);
+        let name = printable::text(&profile.name);
         if let Err(e) = config.profile(&profile.name) {
-            eprintln!("lockctl: {e}");
+            eprintln!("lockctl: {}", printable::text(&e.to_string()));
             // A refused profile outranks an unreachable one.
             worst = Some(exit::CONFIG);
             continue;
         }
         if offline {
-            println!(
-                "profile `{}`: parsed ({url}); requirements not checked (--offline)",
-                profile.name
-            );
+            println!("profile `{name}`: parsed ({url}); requirements not checked (--offline)");
             continue;
         }
         match profile.connect().await {
             Ok(locker) => {
                 let caps = locker.capabilities();
                 println!(
-                    "profile `{}`: ok ({url}: {}, {}, tolerates {} server failure(s))",
-                    profile.name, caps.backend, caps.safety, caps.tolerated_server_failures
+                    "profile `{name}`: ok ({url}: {}, {}, tolerates {} server failure(s))",
+                    caps.backend, caps.safety, caps.tolerated_server_failures
                 );
             }
             Err(e) => {
-                eprintln!("lockctl: {e}");
+                eprintln!("lockctl: {}", printable::text(&e.to_string()));
                 let code = exit::code_for(&e);
                 // A refused profile outranks an unreachable one.
                 worst = Some(match worst {

@@ -24,6 +24,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
 use crate::exit;
+use crate::printable;
 use crate::stop::Tree;
 
 /// What `lockctl run` was asked to do.
@@ -128,7 +129,7 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         Err(e) => {
             let _ = guard.release().await;
             let name = opts.command[0].to_string_lossy();
-            eprintln!("lockctl: cannot run `{name}`: {e}");
+            eprintln!("lockctl: cannot run `{}`: {e}", printable::text(&name));
             return ExitCode::from(match e.kind() {
                 io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,
@@ -159,8 +160,9 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             biased;
             reason = &mut lost => {
                 eprintln!(
-                    "lockctl: lock `{}` lost while the command ran ({reason}); terminating it and every process it started",
-                    opts.key
+                    "lockctl: lock `{}` lost while the command ran ({}); terminating it and every process it started",
+                    printable::key(&opts.key),
+                    printable::text(&reason.to_string())
                 );
                 let until = kill_at.unwrap_or_else(|| Instant::now() + opts.grace);
                 tree.stop(Some(&mut child), until).await;
@@ -196,14 +198,18 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
     tree.stop(None, until).await;
     if let Some(reason) = guard.lost_reason() {
         eprintln!(
-            "lockctl: lock `{}` was lost before the command finished ({reason})",
-            opts.key
+            "lockctl: lock `{}` was lost before the command finished ({})",
+            printable::key(&opts.key),
+            printable::text(&reason.to_string())
         );
         return ExitCode::from(exit::LOST);
     }
     if let Err(e) = guard.release().await {
         // The command finished while the lock was held; the TTL frees it.
-        eprintln!("lockctl: warning: release failed, the TTL will free the lock: {e}");
+        eprintln!(
+            "lockctl: warning: release failed, the TTL will free the lock: {}",
+            printable::text(&e.to_string())
+        );
     }
     match status {
         Ok(s) => match (s.code(), s.signal()) {
