@@ -103,6 +103,14 @@ enum Cmd {
         key: String,
     },
     /// The locks held under PREFIX (all when omitted), with remaining TTL and fencing token.
+    ///
+    /// One line per lock: key, `held`, remaining=, fencing_token=, separated
+    /// by tabs. A key may have been written by a client that skipped
+    /// lockkit's checks: characters that could spoof the terminal (controls,
+    /// tabs, bidi overrides, zero-width and other invisible characters, line
+    /// separators, private-use and unassigned code points) are shown escaped
+    /// as \u{202e}, \t, \n or \r, and a backslash as \\. lockctl's other
+    /// outputs and messages escape the same characters.
     List {
         /// Key prefix.
         prefix: Option<String>,
