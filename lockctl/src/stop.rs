@@ -165,7 +165,7 @@ impl Tree {
 /// `sig` to the group, then SIGCONT: a stopped process (one that read the
 /// terminal from the background, say) would keep the signal pending, and
 /// lockctl the lock, for good.
-pub fn forward(pgid: Pid, sig: Signal) {
+fn forward(pgid: Pid, sig: Signal) {
     // ESRCH: the group is already gone, nothing to tell.
     let _ = killpg(pgid, sig);
     let _ = killpg(pgid, Signal::SIGCONT);
