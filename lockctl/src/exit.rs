@@ -16,8 +16,9 @@ pub const USAGE: u8 = 64;
 pub const UNAVAILABLE: u8 = 69;
 /// The lock was not acquired within `--wait` (`EX_TEMPFAIL`: try again later).
 pub const NOT_ACQUIRED: u8 = 75;
-/// The lock was lost while the command ran; the command's process group was
-/// terminated (`EX_NOPERM`: the permission to run was withdrawn).
+/// The lock was lost while the command ran; the command and every process
+/// it started were terminated (`EX_NOPERM`: the permission to run was
+/// withdrawn).
 pub const LOST: u8 = 77;
 /// Configuration or input refused: malformed or missing URL or config file,
 /// unknown profile, unmet profile requirements, bad key or TTL, credentials
@@ -37,7 +38,7 @@ Exit codes:
   64       command line malformed, or the backend lacks the operation (EX_USAGE)
   69       backend unavailable or failing (EX_UNAVAILABLE)
   75       run: lock not acquired within --wait (EX_TEMPFAIL)
-  77       run: lock lost while the command ran; its process group was terminated (EX_NOPERM)
+  77       run: lock lost while the command ran; it and what it started were terminated (EX_NOPERM)
   78       configuration or input refused: URL, config file, profile, key, TTL (EX_CONFIG)
   126/127  run: the command could not be executed / was not found
 
@@ -58,6 +59,7 @@ pub fn code_for(error: &Error) -> u8 {
 
 /// Prints one line on stderr and returns the error's exit code.
 pub fn fail(error: &Error) -> ExitCode {
-    eprintln!("lockctl: {error}");
+    // A server's message is its own text, and may hold a key of its own.
+    eprintln!("lockctl: {}", crate::printable::text(&error.to_string()));
     ExitCode::from(code_for(error))
 }

@@ -10,11 +10,21 @@
 //! workings (sqlx, for one, warns of any statement slower than a second,
 //! which a PostgreSQL wait for a lock is by design).
 
+use std::fmt;
 use std::io::IsTerminal;
 
+use tracing::Subscriber;
+use tracing::field::Field;
+use tracing_subscriber::field::MakeExt;
+use tracing_subscriber::fmt::format::{self, FormatFields};
+
 use tracing_subscriber::filter::{LevelFilter, Targets};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::printable;
 
 /// Where lockkit's events come from: the targets that start so (tracing's
 /// targets are module paths, matched by prefix).
@@ -44,14 +54,41 @@ pub fn init() -> Result<(), String> {
         .fold(Targets::new().with_default(others), |f, target| {
             f.with_target(*target, level)
         });
-    let output = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
     tracing_subscriber::registry()
-        .with(output)
+        .with(output(std::io::stderr, std::io::stderr().is_terminal()))
         .with(filter)
         .init();
     Ok(())
+}
+
+/// The events as lines of text on `writer`, with colours when `ansi`.
+fn output<S, W>(writer: W, ansi: bool) -> impl Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi)
+        .fmt_fields(fields())
+}
+
+/// The message, then `name=value` for each other field, every value escaped
+/// where it could spoof the terminal: a warning may quote a server's
+/// message or a key another client wrote. (The formatter's own escaping
+/// leaves bidi overrides and line separators, and Display fields, as they are.)
+fn fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
+    format::debug_fn(
+        |w: &mut format::Writer<'_>, field: &Field, value: &dyn fmt::Debug| {
+            let value = format!("{value:?}");
+            let value = printable::text(&value);
+            match field.name() {
+                "message" => write!(w, "{value}"),
+                name => write!(w, "{name}={value}"),
+            }
+        },
+    )
+    .delimited(" ")
 }
 
 fn level(text: &str) -> Result<LevelFilter, String> {
@@ -70,7 +107,49 @@ fn level(text: &str) -> Result<LevelFilter, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
+
+    /// Lines written to memory.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A server's text in an event (its error, as a Display field, and in
+    /// the message) is escaped where it could spoof the terminal.
+    #[test]
+    fn server_text_in_an_event_is_escaped() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::registry().with(output(move || writer.clone(), false));
+        let from_server = "ERR \u{1b}]0;owned\u{7}\u{202e}\u{2028}forged";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(error = %from_server, "renewal failed: {from_server}");
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        for raw in ['\u{1b}', '\u{7}', '\u{202e}', '\u{2028}'] {
+            assert!(!text.contains(raw), "{raw:?} printed raw: {text:?}");
+        }
+        assert!(
+            text.contains("renewal failed: ERR \\u{1b}]0;owned\\u{7}\\u{202e}\\u{2028}forged"),
+            "{text:?}"
+        );
+        assert!(
+            text.contains("error=ERR \\u{1b}]0;owned\\u{7}\\u{202e}\\u{2028}forged"),
+            "{text:?}"
+        );
+    }
 
     #[test]
     fn levels_are_read_in_any_case_and_others_refused() {

@@ -2,9 +2,12 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod descendants;
 mod exit;
 mod log;
+mod printable;
 mod run;
+mod stop;
 mod target;
 
 use std::ffi::OsString;
@@ -54,14 +57,30 @@ enum Cmd {
     /// since the Unix epoch on this machine's clock; lockctl renews the lock
     /// while CMD runs, so it matters only if renewals fail) in its
     /// environment. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to
-    /// the group (with SIGCONT, so a stopped command gets them too); a group
-    /// still running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
+    /// the group (with SIGCONT, so a stopped command gets them too); SIGTERM
+    /// also to every other process CMD started (see below). What is still
+    /// running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
     /// itself is not stopped by Ctrl-Z (SIGTSTP), which would stop its
-    /// renewals while CMD runs on. If the lock is lost, the whole group gets
-    /// SIGTERM, then SIGKILL after --grace, and lockctl exits 77. Processes
-    /// CMD leaves behind in its group are terminated the same way before the
-    /// lock is released (after a forwarded SIGTERM, within what is left of
-    /// its --grace).
+    /// renewals while CMD runs on. If the lock is lost, CMD and every
+    /// process it started get SIGTERM, then SIGKILL after --grace, and
+    /// lockctl exits 77. Processes CMD leaves behind are terminated the same
+    /// way before the lock is released (after a forwarded SIGTERM, within
+    /// what is left of its --grace).
+    ///
+    /// "Every process CMD started" includes those that left its group: on
+    /// Linux lockctl is a child subreaper, so a process that starts a
+    /// session of its own (setsid), a daemon's double fork or a detaching
+    /// server stays below lockctl, which finds it in /proc and stops it
+    /// with the rest, looking again until none is left.
+    ///
+    /// What can still escape: everything, if lockctl itself is killed by
+    /// SIGKILL (or crashes), since nothing is left to stop it; a process
+    /// handed to another supervisor, which is not below lockctl
+    /// (systemd-run, a command run over ssh, a container started by docker
+    /// or podman, a job given to at or cron); a process running as another
+    /// user that lockctl may not signal (through sudo, su or another setuid
+    /// program, unless lockctl runs as root); and, on platforms other than
+    /// Linux, every process that left the group.
     Run {
         /// The lock's key.
         key: String,
@@ -71,7 +90,7 @@ enum Cmd {
         /// How long to wait for the lock [default: the profile's, else 0s].
         #[arg(long, value_parser = duration)]
         wait: Option<Duration>,
-        /// Time between SIGTERM and SIGKILL when the group must stop (at most 1h).
+        /// Time between SIGTERM and SIGKILL when CMD and what it started must stop (at most 1h).
         #[arg(long, value_parser = grace, default_value = "10s")]
         grace: Duration,
         /// The command and its arguments, after `--`.
@@ -84,6 +103,14 @@ enum Cmd {
         key: String,
     },
     /// The locks held under PREFIX (all when omitted), with remaining TTL and fencing token.
+    ///
+    /// One line per lock: key, `held`, remaining=, fencing_token=, separated
+    /// by tabs. A key may have been written by a client that skipped
+    /// lockkit's checks: characters that could spoof the terminal (controls,
+    /// tabs, bidi overrides, zero-width and other invisible characters, line
+    /// separators, private-use and unassigned code points) are shown escaped
+    /// as \u{202e}, \t, \n or \r, and a backslash as \\. lockctl's other
+    /// outputs and messages escape the same characters.
     List {
         /// Key prefix.
         prefix: Option<String>,
@@ -179,12 +206,12 @@ fn main() -> ExitCode {
                 .collect();
             let first = first.join(" ");
             let first = first.strip_prefix("error: ").unwrap_or(&first);
-            eprintln!("lockctl: {first} (see lockctl --help)");
+            eprintln!("lockctl: {} (see lockctl --help)", printable::text(first));
             return ExitCode::from(exit::USAGE);
         }
     };
     if let Err(problem) = log::init() {
-        eprintln!("lockctl: {problem}");
+        eprintln!("lockctl: {}", printable::text(&problem));
         return ExitCode::from(exit::CONFIG);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -268,7 +295,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                         ExitCode::SUCCESS
                     }
                     None => {
-                        println!("{key}\tfree");
+                        println!("{}\tfree", printable::key(&key));
                         ExitCode::from(1)
                     }
                 },
@@ -291,11 +318,11 @@ async fn dispatch(cli: Cli) -> ExitCode {
             let key = target.key(&key);
             match locker.force_release(&key).await {
                 Ok(true) => {
-                    println!("{key}\treleased");
+                    println!("{}\treleased", printable::key(&key));
                     ExitCode::SUCCESS
                 }
                 Ok(false) => {
-                    println!("{key}\twas not held");
+                    println!("{}\twas not held", printable::key(&key));
                     ExitCode::from(1)
                 }
                 Err(e) => exit::fail(&e),
@@ -307,7 +334,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
     }
 }
 
-/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as `?`).
+/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as
+/// `?`; the key escaped where it could spoof the terminal).
 fn describe(h: &lockkit::HeldLock) -> String {
     let remaining = h
         .remaining
@@ -319,7 +347,7 @@ fn describe(h: &lockkit::HeldLock) -> String {
         .unwrap_or_else(|| "?".into());
     format!(
         "{}\theld\tremaining={remaining}\tfencing_token={token}",
-        h.key
+        printable::key(&h.key)
     )
 }
 
@@ -331,29 +359,28 @@ async fn check_config(file: &PathBuf, offline: bool) -> ExitCode {
     let mut worst: Option<u8> = None;
     for profile in config.profiles() {
         let url = url::redact(&profile.url);
+        let url = printable::text(&url);
+        let name = printable::text(&profile.name);
         if let Err(e) = config.profile(&profile.name) {
-            eprintln!("lockctl: {e}");
+            eprintln!("lockctl: {}", printable::text(&e.to_string()));
             // A refused profile outranks an unreachable one.
             worst = Some(exit::CONFIG);
             continue;
         }
         if offline {
-            println!(
-                "profile `{}`: parsed ({url}); requirements not checked (--offline)",
-                profile.name
-            );
+            println!("profile `{name}`: parsed ({url}); requirements not checked (--offline)");
             continue;
         }
         match profile.connect().await {
             Ok(locker) => {
                 let caps = locker.capabilities();
                 println!(
-                    "profile `{}`: ok ({url}: {}, {}, tolerates {} server failure(s))",
-                    profile.name, caps.backend, caps.safety, caps.tolerated_server_failures
+                    "profile `{name}`: ok ({url}: {}, {}, tolerates {} server failure(s))",
+                    caps.backend, caps.safety, caps.tolerated_server_failures
                 );
             }
             Err(e) => {
-                eprintln!("lockctl: {e}");
+                eprintln!("lockctl: {}", printable::text(&e.to_string()));
                 let code = exit::code_for(&e);
                 // A refused profile outranks an unreachable one.
                 worst = Some(match worst {

@@ -1,12 +1,14 @@
 //! `lockctl run`: a command in its own process group, under a renewed lock.
 //!
 //! The command is started as the leader of a new process group, so that
-//! everything it starts can be signalled at once. If the lock is lost, the
-//! whole group is terminated (SIGTERM, then SIGKILL after the grace period)
-//! before lockctl exits: no grandchild keeps running unprotected. Processes
-//! the command leaves behind when it exits are terminated the same way before
-//! the lock is released, for the same reason. On Linux lockctl is a child
-//! subreaper, so such orphans are reparented to it and reaped.
+//! the signals lockctl forwards reach everything it starts at once. If the
+//! lock is lost, the command and every process it started are terminated
+//! (SIGTERM, then SIGKILL after the grace period) before lockctl exits: no
+//! grandchild keeps running unprotected. Processes the command leaves
+//! behind when it exits are terminated the same way before the lock is
+//! released, for the same reason. On Linux lockctl is a child subreaper, so
+//! that processes which left the group (`setsid`, a daemon's double fork)
+//! are re-parented to it and found below it ([`crate::stop`]).
 
 use std::ffi::OsString;
 use std::io;
@@ -15,15 +17,15 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockkit::{GuardOptions, Locker};
-use nix::errno::Errno;
-use nix::sys::signal::{Signal, killpg};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until};
 
 use crate::exit;
+use crate::printable;
+use crate::stop::Tree;
 
 /// What `lockctl run` was asked to do.
 pub struct RunOptions {
@@ -80,6 +82,13 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         eprintln!("lockctl: cannot handle {}: {e}", Signal::SIGTSTP);
         return ExitCode::from(exit::UNAVAILABLE);
     }
+    let mut orphans = match signal(SignalKind::child()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("lockctl: cannot handle {}: {e}", Signal::SIGCHLD);
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
 
     let options = GuardOptions::new(opts.ttl).wait(opts.wait);
     let guard = tokio::select! {
@@ -94,8 +103,14 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         _ = quit.recv() => return ExitCode::from(128 + Signal::SIGQUIT as u8),
     };
 
+    // Orphans below the command (a `setsid` child, a daemon's double fork)
+    // come to lockctl rather than init, so that it can find and stop them.
     #[cfg(target_os = "linux")]
-    let _ = nix::sys::prctl::set_child_subreaper(true);
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!(
+            "lockctl: warning: cannot become a child subreaper ({e}): a process the command detaches may outlive the lock"
+        );
+    }
 
     let mut command = Command::new(&opts.command[0]);
     command
@@ -114,7 +129,7 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         Err(e) => {
             let _ = guard.release().await;
             let name = opts.command[0].to_string_lossy();
-            eprintln!("lockctl: cannot run `{name}`: {e}");
+            eprintln!("lockctl: cannot run `{}`: {e}", printable::text(&name));
             return ExitCode::from(match e.kind() {
                 io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,
@@ -126,65 +141,75 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         return ExitCode::from(exit::CANNOT_EXECUTE);
     };
 
+    let mut tree = Tree::new(pgid);
     let lost = guard.lost();
     tokio::pin!(lost);
-    // Set by a forwarded SIGTERM: a group still running --grace later gets
+    // Set by a forwarded SIGTERM: what is still running --grace later gets
     // SIGKILL, as `timeout -k` does, so that lockctl never holds the lock
     // for a command that will not stop.
     let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
     let status = loop {
         let killing = async {
             match kill_at {
-                Some(at) => sleep_until(at).await,
-                None => std::future::pending().await,
+                Some(at) if !killed => sleep_until(at).await,
+                _ => std::future::pending().await,
             }
         };
         tokio::select! {
             biased;
             reason = &mut lost => {
                 eprintln!(
-                    "lockctl: lock `{}` lost while the command ran ({reason}); terminating its process group",
-                    opts.key
+                    "lockctl: lock `{}` lost while the command ran ({}); terminating it and every process it started",
+                    printable::key(&opts.key),
+                    printable::text(&reason.to_string())
                 );
                 let until = kill_at.unwrap_or_else(|| Instant::now() + opts.grace);
-                terminate_group(pgid, Some(&mut child), until).await;
+                tree.stop(Some(&mut child), until).await;
                 return ExitCode::from(exit::LOST);
             }
             status = child.wait() => break status,
-            _ = int.recv() => forward(pgid, Signal::SIGINT),
+            _ = int.recv() => tree.forward(Signal::SIGINT),
             _ = term.recv() => {
-                forward(pgid, Signal::SIGTERM);
+                tree.forward(Signal::SIGTERM);
                 kill_at.get_or_insert_with(|| Instant::now() + opts.grace);
             }
-            _ = hup.recv() => forward(pgid, Signal::SIGHUP),
-            _ = quit.recv() => forward(pgid, Signal::SIGQUIT),
+            _ = hup.recv() => tree.forward(Signal::SIGHUP),
+            _ = quit.recv() => tree.forward(Signal::SIGQUIT),
+            // An orphan re-parented to lockctl has exited: reap it now, or
+            // a long run would collect zombies.
+            _ = orphans.recv() => drop(tree.left()),
             () = killing => {
                 eprintln!(
-                    "lockctl: the command was still running {:?} after SIGTERM; killing its process group",
+                    "lockctl: the command was still running {:?} after SIGTERM; killing it and every process it started",
                     opts.grace
                 );
-                let _ = killpg(pgid, Signal::SIGKILL);
-                kill_at = None;
+                tree.kill_all();
+                killed = true;
             }
         }
     };
 
-    // Whatever the command left running in its group would run on without
-    // the lock: it goes before the lock is released. After a forwarded
-    // SIGTERM the group's grace period is already running: it is not
-    // started again when the leader exits within it.
+    // Whatever the command left running would run on without the lock: it
+    // goes before the lock is released. After a forwarded SIGTERM the grace
+    // period is already running (or over): it is not started again when
+    // the command exits.
     let until = kill_at.unwrap_or_else(|| Instant::now() + opts.grace);
-    terminate_group(pgid, None, until).await;
+    tree.stop(None, until).await;
     if let Some(reason) = guard.lost_reason() {
         eprintln!(
-            "lockctl: lock `{}` was lost before the command finished ({reason})",
-            opts.key
+            "lockctl: lock `{}` was lost before the command finished ({})",
+            printable::key(&opts.key),
+            printable::text(&reason.to_string())
         );
         return ExitCode::from(exit::LOST);
     }
     if let Err(e) = guard.release().await {
         // The command finished while the lock was held; the TTL frees it.
-        eprintln!("lockctl: warning: release failed, the TTL will free the lock: {e}");
+        eprintln!(
+            "lockctl: warning: release failed, the TTL will free the lock: {}",
+            printable::text(&e.to_string())
+        );
     }
     match status {
         Ok(s) => match (s.code(), s.signal()) {
@@ -195,70 +220,6 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         Err(e) => {
             eprintln!("lockctl: lost track of the command: {e}");
             ExitCode::from(exit::CANNOT_EXECUTE)
-        }
-    }
-}
-
-fn forward(pgid: Pid, sig: Signal) {
-    // ESRCH: the group is already gone, nothing to tell.
-    let _ = killpg(pgid, sig);
-    // A stopped process (one that read the terminal from the background,
-    // say) would keep the signal pending, and lockctl the lock, for good.
-    let _ = killpg(pgid, Signal::SIGCONT);
-}
-
-/// Terminates every process of the group: SIGTERM, then SIGKILL once
-/// `until` has passed; returns when the group is empty (or a last bounded
-/// wait after SIGKILL has passed).
-async fn terminate_group(pgid: Pid, mut leader: Option<&mut Child>, until: Instant) {
-    reap_group(pgid);
-    if !group_alive(pgid) {
-        return;
-    }
-    forward(pgid, Signal::SIGTERM);
-    if let Some(child) = leader.as_deref_mut()
-        && timeout_at(until, child.wait()).await.is_ok()
-    {
-        leader = None;
-    }
-    if leader.is_none() && wait_group_empty(pgid, until).await {
-        return;
-    }
-    let _ = killpg(pgid, Signal::SIGKILL);
-    if let Some(child) = leader {
-        let _ = child.wait().await;
-    }
-    wait_group_empty(pgid, Instant::now() + Duration::from_secs(5)).await;
-}
-
-/// Polls until no process of the group is left (reaping the orphans that
-/// were reparented to us), or `until`. There is no event for a group
-/// becoming empty, hence the short poll.
-async fn wait_group_empty(pgid: Pid, until: Instant) -> bool {
-    loop {
-        reap_group(pgid);
-        if !group_alive(pgid) {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn group_alive(pgid: Pid) -> bool {
-    !matches!(killpg(pgid, None), Err(Errno::ESRCH))
-}
-
-/// Reaps the group's processes that have exited and were reparented to us.
-/// Called only once the leader is reaped or no longer watched, so that it
-/// never takes the leader's status from tokio.
-fn reap_group(pgid: Pid) {
-    let any_in_group = Pid::from_raw(-pgid.as_raw());
-    while let Ok(status) = waitpid(any_in_group, Some(WaitPidFlag::WNOHANG)) {
-        if status == WaitStatus::StillAlive {
-            break;
         }
     }
 }

@@ -445,6 +445,90 @@ fn list_status_and_forced_release_on_the_memory_backend() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// Characters that would make a terminal lie, one of each kind: (raw, as
+/// lockctl must show it).
+const SPOOFING: [(&str, &str); 10] = [
+    ("\u{202e}", "\\u{202e}"), // right-to-left override
+    ("\u{200b}", "\\u{200b}"), // zero-width space
+    ("\u{2028}", "\\u{2028}"), // line separator
+    ("\u{feff}", "\\u{feff}"), // byte order mark
+    ("\u{ffff}", "\\u{ffff}"), // noncharacter
+    ("\u{e000}", "\\u{e000}"), // private use
+    ("\u{1b}", "\\u{1b}"),     // ESC, as in ESC [ 2 J (clear the screen)
+    ("\u{85}", "\\u{85}"),     // next line (C1)
+    ("\t", "\\t"),             // lockctl's own field separator
+    ("\u{3164}", "\\u{3164}"), // Hangul filler: a letter that shows as nothing
+];
+
+/// A key written into Redis by a client that skipped validation shows
+/// escaped in `list` and `status`, never as the raw characters.
+#[test]
+fn keys_that_could_spoof_the_terminal_are_shown_escaped() {
+    if !lockkit::available_schemes().contains(&"redis") {
+        eprintln!("skipped: this build lacks the redis backend; build with --all-features");
+        return;
+    }
+    let Some(url) = conformance_tests::server_url("LOCKKIT_REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_key("spoof");
+    let raw: String = SPOOFING.iter().map(|(raw, _)| *raw).collect();
+    let shown: String = SPOOFING.iter().map(|(_, shown)| *shown).collect();
+    // A backslash is doubled, so that no key can pass for another's escape.
+    let (key, key_shown) = (
+        format!("{prefix}/evil{raw}\\end"),
+        format!("{prefix}/evil{shown}\\\\end"),
+    );
+    // Without control characters, which lockctl's own validation refuses.
+    let (valid, valid_shown) = (
+        format!("{prefix}/txt.\u{202e}exe"),
+        format!("{prefix}/txt.\\u{{202e}}exe"),
+    );
+    let layout = lock_redis_wire::KeyLayout::default();
+    let mut redis = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to the shared Redis");
+    for k in [&key, &valid] {
+        redis::cmd("SET")
+            .arg(layout.keys(k).lock)
+            .arg("written-by-another-client")
+            .arg("PX")
+            .arg(60_000)
+            .query::<()>(&mut redis)
+            .expect("SET");
+    }
+
+    let list = output(&["--url", &url, "list", &prefix]);
+    let status = output(&["--url", &url, "status", &valid]);
+    for k in [&key, &valid] {
+        let _: redis::RedisResult<()> =
+            redis::cmd("DEL").arg(layout.keys(k).lock).query(&mut redis);
+    }
+
+    assert!(list.status.success(), "{list:?}");
+    let text = String::from_utf8(list.stdout).expect("UTF-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text:?}");
+    let first_field = |line: &str| line.split('\t').next().unwrap_or("").to_owned();
+    let mut keys: Vec<String> = lines.iter().map(|l| first_field(l)).collect();
+    keys.sort();
+    let mut expected = vec![key_shown, valid_shown.clone()];
+    expected.sort();
+    assert_eq!(keys, expected, "{text:?}");
+    for (raw, _) in SPOOFING {
+        let inside_fields = text.replace(['\t', '\n'], "");
+        assert!(
+            !inside_fields.contains(raw),
+            "{raw:?} printed raw: {text:?}"
+        );
+    }
+
+    assert!(status.status.success(), "{status:?}");
+    let text = String::from_utf8(status.stdout).expect("UTF-8");
+    assert_eq!(first_field(&text), valid_shown, "{text:?}");
+    assert!(!text.contains('\u{202e}'), "{text:?}");
+}
+
 #[test]
 fn help_documents_the_exit_codes() {
     let out = output(&["--help"]);
@@ -452,6 +536,24 @@ fn help_documents_the_exit_codes() {
     let help = String::from_utf8_lossy(&out.stdout);
     for code in ["64", "69", "75", "77", "78", "127", "128+S"] {
         assert!(help.contains(code), "{code} missing from --help");
+    }
+}
+
+/// `run --help` says what lockctl stops besides the process group, and
+/// what can still escape it.
+#[test]
+fn run_help_says_what_can_escape() {
+    let out = output(&["run", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "setsid",
+        "double fork",
+        "What can still escape",
+        "SIGKILL",
+        "systemd-run",
+    ] {
+        assert!(help.contains(needle), "`{needle}` missing from run --help");
     }
 }
 

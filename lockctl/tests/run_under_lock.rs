@@ -106,6 +106,188 @@ fn a_lost_lock_terminates_the_whole_process_group() {
     }
 }
 
+/// Commands that leave a `sleep 1000` outside their process group and
+/// write its pid to the file named by `$GC`: (what, script). Each test adds
+/// what the command does next.
+const DETACHING: [(&str, &str); 3] = [
+    (
+        "a setsid grandchild that ignores SIGTERM",
+        "setsid sh -c 'trap \"\" TERM; echo $$ > \"$GC\"; exec sleep 1000' >/dev/null 2>&1 &",
+    ),
+    (
+        "a daemon (fork, setsid, fork)",
+        "(setsid sh -c 'sleep 1000 & echo $! > \"$GC\"' >/dev/null 2>&1 &);",
+    ),
+    (
+        "a double fork",
+        "(sleep 1000 & echo $! > \"$GC\") >/dev/null 2>&1 &",
+    ),
+];
+
+/// Bounded, so that a command cannot outlive a failed run by long.
+const KEEP_RUNNING: &str = " i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done";
+
+/// The grant vanishes: what the command started outside its process group
+/// (in a session of its own, or detached by a double fork) is gone too when
+/// lockctl exits with the "lost" code.
+#[test]
+fn a_lost_lock_terminates_what_the_command_detached() {
+    for (backend, url) in servers() {
+        for (what, script) in DETACHING {
+            let dir = tempfile::tempdir().unwrap();
+            let pid_file = dir.path().join("grandchild");
+            let key = unique_key("lost-detached");
+            let mut lockctl = lockctl()
+                .args(["--url", &url, "run", &key, "--ttl", "3s", "--grace", "1s"])
+                .args(["--", "sh", "-c", &format!("{script}{KEEP_RUNNING}")])
+                .env("GC", &pid_file)
+                .stdin(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("lockctl starts");
+            let grandchild = Stray::new(read_pid(&pid_file));
+            assert!(process_alive(grandchild.pid), "{backend}, {what}");
+            remove_from_outside(backend, &url, &key);
+            let status = wait_exit(&mut lockctl);
+            let stderr = stderr_of(lockctl);
+            assert_eq!(
+                status.code(),
+                Some(code::LOST),
+                "{backend}, {what}: {stderr}"
+            );
+            assert!(
+                !process_alive(grandchild.pid),
+                "{backend}, {what}: the grandchild survived: {stderr}"
+            );
+        }
+    }
+}
+
+/// The command exits, leaving behind a process outside its group: lockctl
+/// terminates it before it releases the lock and exits.
+#[test]
+fn what_the_command_detached_is_terminated_when_it_exits() {
+    for (what, script) in DETACHING {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("grandchild");
+        // The command waits for the pid, then exits 0.
+        let script = format!("{script} while [ ! -s \"$GC\" ]; do sleep 0.01; done; exit 0");
+        let mut lockctl = lockctl()
+            .args(["--url", "memory://", "run", "k", "--grace", "1s"])
+            .args(["--", "sh", "-c", &script])
+            .env("GC", &pid_file)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("lockctl starts");
+        let status = wait_exit(&mut lockctl);
+        let stderr = stderr_of(lockctl);
+        let grandchild = Stray::new(read_pid(&pid_file));
+        assert_eq!(status.code(), Some(0), "{what}: {stderr}");
+        assert!(
+            !process_alive(grandchild.pid),
+            "{what}: the grandchild survived: {stderr}"
+        );
+    }
+}
+
+/// SIGTERM to lockctl: a grandchild in a session of its own gets SIGTERM
+/// too (not only a SIGKILL later), and is gone when lockctl exits.
+#[test]
+fn sigterm_to_lockctl_reaches_a_grandchild_in_its_own_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid_file, got) = (dir.path().join("grandchild"), dir.path().join("got-term"));
+    let script = format!(
+        "setsid sh -c 'trap \"echo > {got}; exit 0\" TERM; echo $$ > {pid};{KEEP_RUNNING}' >/dev/null 2>&1 & wait",
+        got = got.display(),
+        pid = pid_file.display()
+    );
+    let mut lockctl = run_in_memory(&[], &script);
+    let grandchild = Stray::new(read_pid(&pid_file));
+    signal(&lockctl, nix::sys::signal::Signal::SIGTERM);
+    let status = wait_exit(&mut lockctl);
+    let stderr = stderr_of(lockctl);
+    assert!(got.exists(), "the grandchild never got SIGTERM: {stderr}");
+    assert!(
+        !process_alive(grandchild.pid),
+        "the grandchild survived: {stderr}"
+    );
+    assert_eq!(status.code(), Some(128 + 15), "{stderr}");
+}
+
+/// A descendant that starts another process when told to stop leaves
+/// nothing behind: lockctl looks again until no descendant is left.
+#[test]
+fn a_descendant_that_forks_when_told_to_stop_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid_file, late_file) = (dir.path().join("grandchild"), dir.path().join("late"));
+    let script = format!(
+        "setsid sh -c 'trap \"sleep 1000 & echo \\$! > {late}; exit 0\" TERM; \
+           echo $$ > {pid};{KEEP_RUNNING}' >/dev/null 2>&1 & \
+         while [ ! -s {pid} ]; do sleep 0.01; done",
+        late = late_file.display(),
+        pid = pid_file.display()
+    );
+    let mut lockctl = run_in_memory(&[], &script);
+    let status = wait_exit(&mut lockctl);
+    let stderr = stderr_of(lockctl);
+    let grandchild = Stray::new(read_pid(&pid_file));
+    assert!(
+        late_file.exists(),
+        "the grandchild never got SIGTERM: {stderr}"
+    );
+    let late = Stray::new(read_pid(&late_file));
+    assert!(
+        !process_alive(grandchild.pid),
+        "the grandchild survived: {stderr}"
+    );
+    assert!(
+        !process_alive(late.pid),
+        "its late child survived: {stderr}"
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+/// A process the command detached that exits while the command runs is
+/// reaped by lockctl (its new parent) at once, not left a zombie holding
+/// its pid until the run ends.
+#[test]
+fn a_detached_process_that_exits_during_the_run_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid_file, go, done) = (
+        dir.path().join("orphan"),
+        dir.path().join("go"),
+        dir.path().join("done"),
+    );
+    // Both loops are bounded, so that they cannot outlive a failed run by long.
+    let wait_for = |file: &std::path::Path| {
+        format!(
+            "i=0; while [ ! -e {} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+            file.display()
+        )
+    };
+    let script = format!(
+        "(setsid sh -c 'echo $$ > {pid}; {wait_go}' >/dev/null 2>&1 &); {wait_done}",
+        pid = pid_file.display(),
+        wait_go = wait_for(&go),
+        wait_done = wait_for(&done)
+    );
+    let mut lockctl = run_in_memory(&[], &script);
+    let orphan = read_pid(&pid_file);
+    std::fs::write(&go, "").unwrap();
+    let until = std::time::Instant::now() + PATIENCE;
+    while std::path::Path::new(&format!("/proc/{orphan}")).exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the exited process was never reaped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::fs::write(&done, "").unwrap();
+    let status = wait_exit(&mut lockctl);
+    assert_eq!(status.code(), Some(0), "{}", stderr_of(lockctl));
+}
+
 /// SIGTERM to lockctl reaches the command, which exits on it; the lock is
 /// then free at once (well before its TTL).
 #[test]

@@ -147,3 +147,37 @@ pub fn remove_from_outside(backend: &str, url: &str, key: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A process a test started that may escape lockctl: killed when the test
+/// ends, so that a failed run leaves nothing behind.
+pub struct Stray {
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time, so that a reused pid is never killed.
+    start: Option<String>,
+}
+
+impl Stray {
+    /// The process `pid`, as it is now.
+    pub fn new(pid: i32) -> Stray {
+        Stray {
+            pid,
+            start: start_time(pid),
+        }
+    }
+}
+
+impl Drop for Stray {
+    fn drop(&mut self) {
+        if self.start.is_some() && start_time(self.pid) == self.start && process_alive(self.pid) {
+            let pid = nix::unistd::Pid::from_raw(self.pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// The start time of `pid` (field 22 of its /proc stat).
+fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit(") ").next()?.split(' ').nth(19)?.to_owned())
+}
