@@ -6,53 +6,16 @@
 //! separator forge a line of output. Such characters are shown escaped, as
 //! Rust writes them (`\u{202e}`), and everything else as it is.
 //!
-//! Nothing here depends on lockctl: [`is_safe`] can move to lock-core as it
-//! is, once another tool prints keys.
 
 use std::borrow::Cow;
 use std::fmt::Write;
 
-use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
-
 /// Whether `c` shows on a terminal as the one visible character it is (or
-/// as a plain space), without acting on the terminal or on its neighbours.
-///
-/// Refused by general category: controls (C0, DEL, C1), format characters
-/// (bidi overrides and isolates, zero-width space and joiners, the byte
-/// order mark, tags), surrogates, private use, unassigned code points and
-/// noncharacters (U+FFFF), line and paragraph separators, and every space
-/// but U+0020. Also the invisible characters Unicode lists as default
-/// ignorable outside the format category: variation selectors and a few
-/// letters and marks that show as nothing (U+3164 Hangul filler, U+034F).
+/// as a plain space), without acting on the terminal or on its neighbours:
+/// the characters lockkit accepts in keys (see
+/// [`lockkit::validate::unprintable`], one rule for keys and for what is shown).
 pub fn is_safe(c: char) -> bool {
-    use GeneralCategory::*;
-    match c.general_category() {
-        Control | Format | Surrogate | PrivateUse | Unassigned | LineSeparator
-        | ParagraphSeparator => false,
-        SpaceSeparator => c == ' ',
-        _ => !is_invisible(c),
-    }
-}
-
-/// Default_Ignorable_Code_Point outside the Format category (which
-/// `is_safe` refuses as a whole): Other_Default_Ignorable_Code_Point and
-/// Variation_Selector from Unicode's PropList.txt, which no crate of the
-/// general category exposes.
-fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{034F}'
-            | '\u{115F}'..='\u{1160}'
-            | '\u{17B4}'..='\u{17B5}'
-            | '\u{180B}'..='\u{180D}'
-            | '\u{180F}'
-            | '\u{2065}'
-            | '\u{3164}'
-            | '\u{FE00}'..='\u{FE0F}'
-            | '\u{FFA0}'
-            | '\u{FFF0}'..='\u{FFF8}'
-            | '\u{E0000}'..='\u{E0FFF}'
-    )
+    lockkit::validate::unprintable(c).is_none()
 }
 
 /// `text` with every character that is not [`is_safe`] escaped: for

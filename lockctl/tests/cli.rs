@@ -176,6 +176,17 @@ fn bad_input_gives_one_line_and_its_exit_code() {
             code::USAGE,
             "redis://:***@h",
         ),
+        // A password whose `@host` was forgotten reads as a port: not shown.
+        (
+            &["--url", "redis://default:hunter2", "run", "k", "--", "true"],
+            code::CONFIG,
+            "redis://***",
+        ),
+        (
+            &["--url", "postgres://app:hunter2", "run", "k", "--", "true"],
+            code::CONFIG,
+            "postgres://***",
+        ),
         // Also when its password holds a quote or a space.
         (
             &["redis://:hunter2's x@h", "run", "k", "--", "true"],
@@ -318,6 +329,36 @@ fn an_offline_check_refuses_a_profile_url_connect_would_refuse() {
         "{stderr}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("profile `good`: parsed"));
+}
+
+/// A profile whose password lost its `@host` is refused without showing it.
+#[test]
+fn a_profile_url_missing_its_host_never_shows_the_password() {
+    for url in [
+        "redis://u:hunter2",
+        "etcd://u:hunter2/x",
+        "redlock://h:1,u:hunter2",
+    ] {
+        let f = config_file(&format!("[profiles.typo]\nurl = \"{url}\"\n"));
+        let path = f.path().to_str().unwrap();
+        for args in [
+            vec!["check-config", "--offline", path],
+            vec![
+                "--config",
+                path,
+                "--profile",
+                "typo",
+                "run",
+                "k",
+                "--",
+                "true",
+            ],
+        ] {
+            let out = output(&args);
+            let stderr = assert_fails(&out, code::CONFIG, "profile `typo`: url:");
+            assert!(!stderr.contains("hunter2"), "{stderr}");
+        }
+    }
 }
 
 #[test]

@@ -86,7 +86,8 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
     // `café` written with a combining accent prints as the one written with
     // `é`: two names for one resource would be two locks.
     expect_invalid(
-        l.try_acquire(&format!("{}cafe\u{301}", fx.key("nfd")), LONG_TTL).await,
+        l.try_acquire(&format!("{}cafe\u{301}", fx.key("nfd")), LONG_TTL)
+            .await,
         "key",
         "NFC",
         "key not in normalization form C",
