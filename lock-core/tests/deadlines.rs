@@ -8,18 +8,23 @@ use std::time::Duration;
 use lock_core::{
     DriftMargin, Error, GuardOptions, Locker, LockerOptions, LostReason, MemoryBackend,
 };
+use tokio::time::Instant;
 
 fn setup() -> (MemoryBackend, Locker) {
     let memory = MemoryBackend::new();
     (memory.clone(), Locker::new(memory))
 }
 
-/// A grant whose reply comes after its validity ran out is refused, given
-/// back, and a wait with time left asks again rather than failing.
+/// A grant whose reply comes after its validity ran out is refused and given
+/// back, and a wait with time left asks again rather than failing. The
+/// reply comes after the lease's validity (988 ms) but before the grant's
+/// TTL (1 s) ends on the server, so only the give-back frees it in time for
+/// the retry to win at once.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_late_reply_is_given_back_and_the_wait_goes_on() {
     let (memory, locker) = setup();
-    memory.delay_next_grants(1, Duration::from_secs(2));
+    let started = Instant::now();
+    memory.delay_next_grants(1, Duration::from_millis(995));
     let lease = locker
         .acquire("k", Duration::from_secs(1), Duration::from_secs(30))
         .await
@@ -29,10 +34,15 @@ async fn a_late_reply_is_given_back_and_the_wait_goes_on() {
         2,
         "the late grant was the first"
     );
+    let validity = DriftMargin::default().validity(Duration::from_secs(1), Duration::ZERO);
+    assert!(
+        lease.deadline() <= started + Duration::from_millis(995) + validity,
+        "the retry waited for the late grant's TTL instead of its give-back"
+    );
     locker.release(lease).await.unwrap();
 }
 
-/// One attempt whose reply came too late says so, and leaves nothing held.
+/// One attempt whose reply came too late says so, and gives the grant back.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_late_reply_to_one_attempt_is_reported_as_late() {
     let (memory, locker) = setup();
@@ -54,11 +64,12 @@ async fn a_late_reply_to_one_attempt_is_reported_as_late() {
         "{err}"
     );
     assert!(err.to_string().contains("late"), "{err}");
-    tokio::task::yield_now().await;
-    assert!(
-        memory.held().is_empty(),
-        "the late grant was not given back"
-    );
+    // The grant's TTL has 5 ms left: a wait of 2 ms wins only if it was given back.
+    let next = locker
+        .acquire("k", Duration::from_secs(1), Duration::from_millis(2))
+        .await
+        .expect("the late grant was given back");
+    locker.release(next).await.unwrap();
 }
 
 /// The guard's renewals are timed from when the grant's request was sent,
