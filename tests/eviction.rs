@@ -82,3 +82,44 @@ async fn a_server_that_evicts_nothing_is_accepted() {
             .expect("a noeviction server");
     }
 }
+
+/// A server that answers neither `CONFIG GET` nor `INFO` cannot show that
+/// it keeps every lock key: profiles that require it refuse the server,
+/// saying why and what to allow.
+#[tokio::test]
+async fn a_server_whose_policy_cannot_be_read_is_refused_saying_why() {
+    let server = RedisServer::start_with(RedisOptions {
+        extra_args: [
+            "--rename-command",
+            "CONFIG",
+            "",
+            "--rename-command",
+            "INFO",
+            "",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..RedisOptions::default()
+    })
+    .expect("start redis");
+    let config = config(&server.url());
+    for name in ["mutex", "own"] {
+        let text = config
+            .profile(name)
+            .unwrap()
+            .connect()
+            .await
+            .expect_err("a server of unknown policy was accepted")
+            .to_string();
+        assert!(
+            text.contains("could not be read") && text.contains("INFO memory"),
+            "{text}"
+        );
+    }
+    config
+        .profile("dedup")
+        .unwrap()
+        .connect()
+        .await
+        .expect("deduplication asks nothing of eviction");
+}

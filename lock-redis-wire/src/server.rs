@@ -24,6 +24,11 @@ pub struct Eviction {
 /// The policy under which a full server refuses writes instead of deleting keys.
 pub const NO_EVICTION: &str = "noeviction";
 
+/// How a server whose eviction policy could not be read is named among
+/// those that may evict: neither `CONFIG GET maxmemory*` nor `INFO memory`
+/// answered, so nothing shows that it keeps every lock key.
+pub const UNREADABLE_POLICY: &str = "an eviction policy that could not be read (allow `CONFIG GET maxmemory*` or `INFO memory` to this client)";
+
 impl Eviction {
     /// Whether the server may delete a held lock's key to free memory: with
     /// a `maxmemory`, under any policy but `noeviction` (a policy this

@@ -10,7 +10,7 @@ use redis::{ErrorKind, RedisError, RedisResult, Value};
 use crate::connection::Conn;
 
 /// The servers that may evict lock keys, with their policy, each warned
-/// of; `None` when there are none, or none could be read (which is logged).
+/// of, and those whose policy could not be read; `None` when there are none.
 pub(crate) async fn lock_key_eviction(
     conn: &Conn,
     settings: &RedisSettings,
@@ -34,11 +34,16 @@ pub(crate) async fn lock_key_eviction(
                 evicting.push(eviction.on(&server))
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(
-                %server,
-                error = %lock_redis_wire::errors::describe(&e),
-                "could not read whether the server may evict lock keys (neither `CONFIG GET maxmemory*` nor `INFO memory` answered)"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    %server,
+                    error = %lock_redis_wire::errors::describe(&e),
+                    "could not read whether the server may evict lock keys (neither `CONFIG GET maxmemory*` nor `INFO memory` answered)"
+                );
+                // Unknown counts as may-evict: a requirement that no server
+                // evicts is not met by a server nobody could ask.
+                evicting.push(format!("{} on {server}", server::UNREADABLE_POLICY));
+            }
         }
     }
     (!evicting.is_empty()).then(|| evicting.join("; "))

@@ -318,11 +318,19 @@ fn evicting_nodes(settings: &RedisSettings, probes: &[Option<Probe>]) -> Option<
             Some(Ok(eviction)) if eviction.warn_if_evicting(&node) => {
                 evicting.push(eviction.on(&node));
             }
-            Some(Err(why)) => tracing::warn!(
-                %node,
-                reason = %why,
-                "could not read whether the node may evict lock keys (neither `CONFIG GET maxmemory*` nor `INFO memory` answered)"
-            ),
+            Some(Err(why)) => {
+                tracing::warn!(
+                    %node,
+                    reason = %why,
+                    "could not read whether the node may evict lock keys (neither `CONFIG GET maxmemory*` nor `INFO memory` answered)"
+                );
+                // Unknown counts as may-evict: a requirement that no server
+                // evicts is not met by a server nobody could ask.
+                evicting.push(format!(
+                    "{}, {node}",
+                    lock_redis_wire::server::UNREADABLE_POLICY
+                ));
+            }
             _ => {}
         }
     }
