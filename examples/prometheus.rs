@@ -1,0 +1,2 @@
+//! Serves lockkit's metrics to Prometheus (filled in below).
+fn main() {}
