@@ -1,6 +1,6 @@
 //! Serves lockkit's metrics to Prometheus while a few tasks take, hold and
 //! give back two locks, so that some wait, some give up and the dashboard
-//! in `docs/grafana-dashboard.json` has something to show.
+//! in `docs/grafana/dashboard.json` has something to show.
 //!
 //! ```text
 //! cargo run --features metrics --example prometheus
