@@ -388,6 +388,7 @@ mod recorded {
         LostReason::DeadlinePassed,
         LostReason::ConnectionLost,
     ];
+    // In declaration order: the series' arrays are indexed by `as usize`.
     const OUTCOMES: [Outcome; 4] = [
         Outcome::Granted,
         Outcome::Contended,
@@ -572,6 +573,21 @@ mod recorded {
             match self.key_label.value(key) {
                 None => Handle::Shared(shared(&self.series)),
                 Some(k) => Handle::Keyed(histogram(name, labels(self.backend, Some(k), extra))),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_arrays_follow_declaration_order() {
+            for (i, outcome) in OUTCOMES.into_iter().enumerate() {
+                assert_eq!(outcome as usize, i, "{outcome:?}");
+            }
+            for (i, cause) in CAUSES.into_iter().enumerate() {
+                assert_eq!(cause as usize, i, "{cause:?}");
             }
         }
     }
