@@ -17,6 +17,10 @@ const GOALS: &[(&str, f64)] = &[("redis", 0.97), ("memory", 0.85)];
 /// Concurrent tasks in every round.
 const TASKS: usize = 64;
 
+/// The fewest rounds: the figures compared are a few percent apart, which
+/// the median of three rounds on a busy host cannot tell.
+const MIN_ROUNDS: usize = 7;
+
 /// The report's names of the two sides over `backend`.
 fn sides(backend: &str) -> (String, String) {
     (
@@ -75,7 +79,7 @@ pub async fn all(
         ));
         let prefix = format!("{prefix}/metrics-{backend}");
         out.push(
-            compare(backend, rounds, phase, &prefix)
+            compare(backend, rounds.max(MIN_ROUNDS), phase, &prefix)
                 .await
                 .unwrap_or_else(|e| {
                     let mut failed =
