@@ -282,8 +282,8 @@ impl Locker {
             }
             let sent = Instant::now();
             if let Err(e) = self.backend.extend(lease, ttl).await {
-                if let Error::Lost { reason, .. } = e {
-                    self.observer.lost(lease, reason);
+                if let Error::Lost { reason, .. } = &e {
+                    self.observer.lost(lease, *reason);
                 }
                 return Err(e);
             }
