@@ -8,7 +8,9 @@
 //!
 //! Each backend is driven through the paths that trace: grants, renewals,
 //! refusals, a wait that runs out, a guard whose grant goes behind its back,
-//! and a connection with a password in its URL. Owner tokens are 32 hex
+//! and a connection with a password in its URL; the memory backend also
+//! through renewals that fail. The lock events (acquired, released, lost,
+//! a failed renewal) are among what is checked, and must be there. Owner tokens are 32 hex
 //! digits; no run of 32 hex digits may appear, so that a token the test
 //! never saw (a refused attempt's) is caught too.
 //!
@@ -166,14 +168,26 @@ async fn exercise(name: &str, locker: Locker, other: Locker) {
     check(name, &key, &owners);
 }
 
-/// The capture names `key` (so it holds this backend's traces) and shows
-/// no owner token and no password.
+/// The capture names `key` (so it holds this backend's traces), holds its
+/// lock events, and shows no owner token and no password.
 fn check(name: &str, key: &str, owners: &[String]) {
     let text = captured();
     assert!(
         text.contains(key),
         "{name}: nothing was traced for {key}; the capture is:\n{text}"
     );
+    for event in ["lock acquired", "lock released", "lock lost"] {
+        assert!(
+            text.lines().any(|l| l.contains(event) && l.contains(key)),
+            "{name}: no `{event}` event for {key}"
+        );
+    }
+    no_secrets(name, &text, owners);
+}
+
+/// `text` shows none of `owners`, nothing written like an owner token, and
+/// no password.
+fn no_secrets(name: &str, text: &str, owners: &[String]) {
     for owner in owners {
         // As text, and as the bytes of that text in a request's Debug form.
         let as_bytes = format!("{:?}", owner.as_bytes());
@@ -183,11 +197,31 @@ fn check(name: &str, key: &str, owners: &[String]) {
             "{name}: an owner token was traced"
         );
     }
-    if let Some(token) = token_like(&text) {
+    if let Some(token) = token_like(text) {
         let line = text.lines().find(|l| l.contains(token)).unwrap_or_default();
         panic!("{name}: something written like an owner token was traced: {line}");
     }
     assert!(!text.contains(PASSWORD), "{name}: the password was traced");
+}
+
+/// A guard whose renewals all fail: each is retried, with a warning, until
+/// the deadline passes.
+async fn renewals_fail(backend: &lock_core::MemoryBackend, locker: &Locker) {
+    let key = unique_key("no-secrets-renewals");
+    let options = GuardOptions::new(Duration::from_secs(3)).renew_every(Duration::from_millis(100));
+    let guard = locker.guard(&key, options).await.expect("guard");
+    backend.fail_next_renewals(u32::MAX);
+    let reason = guard.lost().await;
+    backend.fail_next_renewals(0);
+    assert_eq!(reason, lock_core::LostReason::DeadlinePassed);
+    let text = captured();
+    for event in ["renewal failed; retrying until the deadline", "lock lost"] {
+        assert!(
+            text.lines().any(|l| l.contains(event) && l.contains(&key)),
+            "memory: no `{event}` event for {key}"
+        );
+    }
+    no_secrets("memory", &text, &[]);
 }
 
 /// Connects with a password in the URL (refused or not, depending on the
@@ -211,8 +245,10 @@ where
 async fn no_backend_traces_a_secret() {
     capture_everything();
     let mut ran = vec!["memory"];
-    let memory = Locker::new(lock_core::MemoryBackend::new());
-    exercise("memory", memory.clone(), memory).await;
+    let backend = lock_core::MemoryBackend::new();
+    let memory = Locker::new(backend.clone());
+    exercise("memory", memory.clone(), memory.clone()).await;
+    renewals_fail(&backend, &memory).await;
 
     // Every backend whose URL takes a password in its user part, connected
     // through the URL alone (Redlock's nodes given time to answer on a busy

@@ -5,6 +5,7 @@ mod counters;
 mod etcd_handoff;
 mod fan_out;
 mod instructions;
+mod metrics_overhead;
 mod paired;
 mod plot;
 mod progress;
@@ -178,6 +179,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         chosen.len() * per_subject
             + floors
             + paired::planned(&wanted)
+            + metrics_overhead::planned(&wanted)
             + usize::from(count_instructions)
             + 2,
     );
@@ -393,6 +395,16 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         &format!("lab-{run_id}/paired"),
     )
     .await;
+    report.paired.extend(
+        metrics_overhead::all(
+            &wanted,
+            plan.paired_rounds,
+            plan.paired_phase,
+            &progress,
+            &format!("lab-{run_id}/paired"),
+        )
+        .await,
+    );
     if count_instructions {
         let _step = progress.step("Redis server instructions per pair (callgrind)".into());
         report.server_instructions =

@@ -511,6 +511,7 @@ impl Report {
                 met: (!pg && m.held > 0).then_some(m.client_heap_bytes_per_lock < 2048.0),
             });
         }
+        goals.extend(crate::metrics_overhead::goals(&self.paired));
         self.goals = goals;
     }
 
@@ -835,7 +836,7 @@ impl Report {
 }
 
 /// A pair's median ratio and its spread, or why it has none.
-fn paired_outcome(p: &crate::Paired) -> String {
+pub(crate) fn paired_outcome(p: &crate::Paired) -> String {
     match (p.median(), p.range()) {
         (Some(median), Some((lo, hi))) => format!(
             "{median:.2}x, median of {} paired rounds ({lo:.2}x to {hi:.2}x)",

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::Instrument;
 
 use crate::{Error, FencingToken, Lease, LockKey, Locker, LossFuture, LostReason, Result};
 
@@ -95,9 +96,10 @@ impl LockGuard {
             .backend()
             .loss_signal(&lease)
             .unwrap_or_else(|| Box::pin(std::future::pending()));
-        tokio::spawn(keep_renewed(
-            locker, lease, every, loss, status_tx, release_rx,
-        ));
+        // Renewals run inside the caller's span, so that a request's span
+        // covers the renewals of the locks it took.
+        let renewals = keep_renewed(locker, lease, every, loss, status_tx, release_rx);
+        tokio::spawn(renewals.instrument(tracing::Span::current()));
         guard
     }
 
@@ -197,13 +199,15 @@ async fn keep_renewed(
                 return;
             }
             reason = &mut loss => {
+                locker.observer().lost(&mut lease, reason);
                 lose(reason);
                 return;
             }
             () = sleep_until(lease.deadline()) => {
+                locker.observer().lost(&mut lease, LostReason::DeadlinePassed);
                 lose(LostReason::DeadlinePassed);
                 // The backend may still hold it (drift margin); free it for others.
-                let _ = locker.release(lease).await;
+                locker.release_lost(lease).await;
                 return;
             }
             () = sleep_until(next) => {
@@ -214,16 +218,18 @@ async fn keep_renewed(
                         next = due(&lease);
                     }
                     Ok(Err(Error::Lost { reason, .. })) => {
+                        // `extend` counted the loss.
                         lose(reason);
                         return;
                     }
                     Ok(Err(e)) => {
-                        tracing::warn!(key = %lease.key(), error = %e, "renewal failed; retrying until the deadline");
+                        locker.observer().renewal_failed(lease.key().as_str(), &e);
                         next = Instant::now() + retry;
                     }
                     Err(_deadline) => {
+                        locker.observer().lost(&mut lease, LostReason::DeadlinePassed);
                         lose(LostReason::DeadlinePassed);
-                        let _ = locker.release(lease).await;
+                        locker.release_lost(lease).await;
                         return;
                     }
                 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::observe::Held;
 use crate::{FencingToken, LockKey, OwnerToken};
 
 /// Backend-private state that travels with a lease (an etcd lease id, the
@@ -102,6 +103,8 @@ pub struct Lease {
     ttl: Duration,
     deadline: Instant,
     state: Option<LeaseState>,
+    /// Its standing in this process's count of held locks.
+    pub(crate) held: Held,
 }
 
 impl Lease {
@@ -122,6 +125,7 @@ impl Lease {
             ttl,
             deadline,
             state: None,
+            held: Held::rebuilt(),
         }
     }
 
@@ -139,6 +143,7 @@ impl Lease {
             ttl,
             deadline,
             state: grant.state,
+            held: Held::granted(),
         }
     }
 

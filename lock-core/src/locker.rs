@@ -9,9 +9,10 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug_span, field};
 
 use crate::guard::{GuardOptions, LockGuard};
+use crate::observe::{GiveBackCause, Observer};
 use crate::{
-    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, HeldLock, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, Waiting, validate,
+    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, HeldLock, KeyLabel,
+    Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, Waiting, validate,
 };
 
 /// The longest wait: about 30 years, as far as any clock here can count
@@ -25,6 +26,9 @@ pub struct LockerOptions {
     pub drift: DriftMargin,
     /// Delays between attempts while waiting.
     pub backoff: Backoff,
+    /// Whether metrics carry the key (or its prefix) as a label; off by
+    /// default, since every distinct key would make series of its own.
+    pub key_label: KeyLabel,
 }
 
 /// A lock service over one backend: cheap to clone, safe to share.
@@ -43,10 +47,14 @@ pub struct LockerOptions {
 ///     .await?;
 /// # let _ = total; Ok(()) }
 /// ```
+///
+/// With the `metrics` feature, a locker takes its metric handles from the
+/// recorder in place when it is made: install the recorder first.
 #[derive(Clone, Debug)]
 pub struct Locker {
     backend: Arc<DynBackend>,
     options: LockerOptions,
+    observer: Arc<Observer>,
 }
 
 impl Locker {
@@ -57,16 +65,25 @@ impl Locker {
 
     /// A locker over a shared backend.
     pub fn from_arc(backend: Arc<DynBackend>) -> Self {
+        let observer = Arc::new(Observer::new(backend.capabilities().backend));
         Locker {
             backend,
             options: LockerOptions::default(),
+            observer,
         }
     }
 
     /// Replaces the options.
     pub fn with_options(mut self, options: LockerOptions) -> Self {
+        if options.key_label != self.options.key_label {
+            self.observer = Arc::new(self.observer.with_key_label(options.key_label));
+        }
         self.options = options;
         self
+    }
+
+    pub(crate) fn observer(&self) -> &Observer {
+        &self.observer
     }
 
     /// The options in force.
@@ -117,8 +134,13 @@ impl Locker {
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease> {
         let span = self.span("try_acquire", key);
         async {
-            let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
-            self.attempt(key, ttl).await
+            let (valid, ttl) = (self.key(key)?, self.ttl(ttl)?);
+            let started = Instant::now();
+            let attempt = self.observer.attempt(key);
+            let outcome = self.attempt(valid, ttl).await;
+            attempt.answered();
+            self.observer.acquired(key, &outcome, started.elapsed());
+            outcome
         }
         .instrument(span)
         .await
@@ -142,43 +164,59 @@ impl Locker {
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Lease> {
         let span = self.span("acquire", key);
         async {
-            let (key, ttl) = (self.key(key)?, self.ttl(ttl)?);
-            if wait.is_zero() {
-                // "Busy" reads the same from every entry point: Contended.
-                return self.attempt(key, ttl).await;
-            }
+            let (valid, ttl) = (self.key(key)?, self.ttl(ttl)?);
             let started = Instant::now();
-            let waiting = Waiting {
-                started,
-                // A wait too long for the clock (`Duration::MAX` for
-                // "forever") waits as long as the clock can count.
-                until: started
-                    .checked_add(wait)
-                    .unwrap_or_else(|| started + FOREVER),
-                backoff: self.options.backoff,
+            let attempt = self.observer.attempt(key);
+            let outcome = if wait.is_zero() {
+                // "Busy" reads the same from every entry point: Contended.
+                self.attempt(valid, ttl).await
+            } else {
+                self.wait_for(valid, ttl, wait, started).await
             };
-            loop {
-                let owner = OwnerToken::random();
-                let asked = Instant::now();
-                let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
-                // Backends that wait in the server report when the winning request
-                // went out; otherwise the start of this round is the safe bound.
-                grant.sent_at.get_or_insert(asked);
-                // A retry of the wait may have won with an owner of its own.
-                let owner = grant.owner.take().unwrap_or(owner);
-                match self.lease_from(key.clone(), owner, ttl, grant) {
-                    Err(Error::Lost {
-                        reason: LostReason::ReplyTooLate,
-                        ..
-                    }) if Instant::now() < waiting.until => {
-                        tracing::debug!(%key, "the grant's reply came too late; asking again");
-                    }
-                    outcome => return outcome,
-                }
-            }
+            attempt.answered();
+            self.observer.acquired(key, &outcome, started.elapsed());
+            outcome
         }
         .instrument(span)
         .await
+    }
+
+    /// Asks for `key` until granted or `wait` from `started` has passed.
+    async fn wait_for(
+        &self,
+        key: LockKey,
+        ttl: Duration,
+        wait: Duration,
+        started: Instant,
+    ) -> Result<Lease> {
+        let waiting = Waiting {
+            started,
+            // A wait too long for the clock (`Duration::MAX` for
+            // "forever") waits as long as the clock can count.
+            until: started
+                .checked_add(wait)
+                .unwrap_or_else(|| started + FOREVER),
+            backoff: self.options.backoff,
+        };
+        loop {
+            let owner = OwnerToken::random();
+            let asked = Instant::now();
+            let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
+            // Backends that wait in the server report when the winning request
+            // went out; otherwise the start of this round is the safe bound.
+            grant.sent_at.get_or_insert(asked);
+            // A retry of the wait may have won with an owner of its own.
+            let owner = grant.owner.take().unwrap_or(owner);
+            match self.lease_from(key.clone(), owner, ttl, grant) {
+                Err(Error::Lost {
+                    reason: LostReason::ReplyTooLate,
+                    ..
+                }) if Instant::now() < waiting.until => {
+                    tracing::debug!(%key, "the grant's reply came too late; asking again");
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// Turns a grant into a lease, refusing one whose validity was used up
@@ -195,12 +233,15 @@ impl Locker {
     ) -> Result<Lease> {
         let sent = grant.sent_at.unwrap_or_else(Instant::now);
         let deadline = self.options.drift.deadline(sent, ttl, grant.extra_margin);
-        let lease = Lease::from_grant(key, owner, ttl, deadline, grant);
+        let mut lease = Lease::from_grant(key, owner, ttl, deadline, grant);
         if !lease.is_within_deadline() {
             let error = Error::lost(lease.key().as_str(), LostReason::ReplyTooLate);
+            self.observer
+                .gave_back(lease.key().as_str(), GiveBackCause::Late);
             self.give_back(lease);
             return Err(error);
         }
+        self.observer.hold(&mut lease);
         tracing::Span::current().record("fencing_token", lease.fencing_token().get());
         Ok(lease)
     }
@@ -233,13 +274,19 @@ impl Locker {
         async {
             let ttl = self.ttl(ttl)?;
             if !lease.is_within_deadline() {
+                self.observer.lost(lease, LostReason::DeadlinePassed);
                 return Err(Error::lost(
                     lease.key().as_str(),
                     LostReason::DeadlinePassed,
                 ));
             }
             let sent = Instant::now();
-            self.backend.extend(lease, ttl).await?;
+            if let Err(e) = self.backend.extend(lease, ttl).await {
+                if let Error::Lost { reason, .. } = &e {
+                    self.observer.lost(lease, *reason);
+                }
+                return Err(e);
+            }
             lease.renewed(ttl, self.options.drift.deadline(sent, ttl, Duration::ZERO));
             Ok(())
         }
@@ -249,9 +296,22 @@ impl Locker {
 
     /// Gives the lock up. Reports [`Error::Lost`] when the lease no longer
     /// held it, in which case nothing was deleted.
-    pub async fn release(&self, lease: Lease) -> Result<()> {
+    pub async fn release(&self, mut lease: Lease) -> Result<()> {
         let span = self.span("release", lease.key().as_str());
-        self.backend.release(&lease).instrument(span).await
+        async {
+            let result = self.backend.release(&lease).await;
+            self.observer.released(&mut lease, &result);
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Frees the grant of a lease already counted lost (its deadline
+    /// passed, while the backend may still hold it), counting nothing more.
+    pub(crate) async fn release_lost(&self, lease: Lease) {
+        let span = self.span("release", lease.key().as_str());
+        let _ = self.backend.release(&lease).instrument(span).await;
     }
 
     /// Takes `key` (waiting up to `options.wait`) and keeps it renewed until
