@@ -166,6 +166,14 @@ impl RedlockBackend {
         self.inner.layout.keys(key)
     }
 
+    /// Not part of the API, for tests: how many channels the wake-ups keep
+    /// an entry for, and how many subscription changes wait for the nodes'
+    /// tasks (summed over the nodes).
+    #[doc(hidden)]
+    pub fn wake_up_backlog(&self) -> (usize, usize) {
+        self.inner.wakeups.backlog()
+    }
+
     fn keys(&self, key: &LockKey) -> LockKeys {
         self.inner.layout.keys(key.as_str())
     }

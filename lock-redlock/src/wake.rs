@@ -28,6 +28,7 @@
 //! answers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -47,6 +48,8 @@ struct Shared {
     interest: Mutex<Interest>,
     /// A node's subscription to some channel changed (see [`Listening`]).
     changed: Notify,
+    /// Commands sent to the nodes' tasks and not yet taken.
+    queued: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -219,6 +222,7 @@ impl Wakeups {
             channel: channel.clone(),
         };
         for i in settle {
+            self.shared.queued.fetch_add(1, Ordering::Relaxed);
             let _ = self.nodes[i].send(Command::Settle(channel.clone()));
         }
         let _ = tokio::time::timeout(self.node_timeout, self.majority_listens(&channel)).await;
@@ -226,6 +230,13 @@ impl Wakeups {
             let _registration = registration;
             released.await;
         }))
+    }
+
+    /// How many channels have an entry, and how many commands wait for the
+    /// nodes' tasks.
+    pub(crate) fn backlog(&self) -> (usize, usize) {
+        let channels = lock(&self.shared.interest).channels.len();
+        (channels, self.shared.queued.load(Ordering::Relaxed))
     }
 
     /// Returns once a majority of the nodes listens on `channel`, or every
@@ -318,6 +329,7 @@ async fn close(
         settle
     };
     for i in settle {
+        shared.queued.fetch_add(1, Ordering::Relaxed);
         let _ = nodes[i].send(Command::Settle(channel.clone()));
     }
 }
@@ -362,10 +374,10 @@ impl NodeTask {
             };
             if wanted {
                 tokio::select! {
-                    command = self.commands.recv() => if command.is_none() { return },
+                    command = self.next_command() => if command.is_none() { return },
                     () = tokio::time::sleep(redial) => {}
                 }
-            } else if self.commands.recv().await.is_none() {
+            } else if self.next_command().await.is_none() {
                 return;
             }
             // Asked to undo a subscription, which went with the connection.
@@ -415,6 +427,15 @@ impl NodeTask {
         }
     }
 
+    /// The next command, once one comes; `None` once the backend is gone.
+    async fn next_command(&mut self) -> Option<Command> {
+        let command = self.commands.recv().await;
+        if let (Some(_), Some(shared)) = (&command, self.shared.upgrade()) {
+            shared.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        command
+    }
+
     /// Subscribes and unsubscribes as asked, and hands release messages to
     /// the waiters, until the connection breaks or the backend is gone.
     async fn serve(
@@ -432,7 +453,7 @@ impl NodeTask {
                         entry.release_message(message.get_payload_bytes(), self.node, self.nodes);
                     }
                 }
-                command = self.commands.recv() => match command {
+                command = self.next_command() => match command {
                     None => return Ended::Shutdown,
                     Some(Command::Settle(channel)) => {
                         if !self.settle(sink, on_server, &channel).await {
