@@ -569,7 +569,7 @@ impl NodeTask {
 
 #[cfg(test)]
 mod tests {
-    use lock_testkit::RedisServer;
+    use lock_testkit::{RedisOptions, RedisServer};
     use tokio::time::timeout;
 
     use super::*;
@@ -647,6 +647,45 @@ mod tests {
         timeout(Duration::from_secs(5), third)
             .await
             .expect("a force release woke nobody");
+    }
+
+    /// A node that refuses every connection is dialled at the pace of the
+    /// redial pause, not once per waiter: 200 waiters come and go while it
+    /// refuses, far more than the pauses of the test's run allow dials.
+    #[tokio::test]
+    async fn a_node_refusing_connections_is_not_dialled_once_per_waiter() {
+        let options = RedisOptions {
+            extra_args: vec!["--maxclients".into(), "1".into()],
+            ..RedisOptions::default()
+        };
+        let server = RedisServer::start_with(options).expect("start redis");
+        let client = redis::Client::open(server.url()).unwrap();
+        // The one client the server takes: it refuses the others.
+        let mut only = client.get_multiplexed_async_connection().await.unwrap();
+        let wakeups = Wakeups::start(vec![client], Duration::from_secs(5), Duration::from_secs(5));
+        for i in 0..200 {
+            drop(wakeups.on_release(format!("ch{i}")).await);
+        }
+        timeout(Duration::from_secs(60), async {
+            while wakeups.backlog() != (0, 0) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the waiters' entries stayed");
+        let stats: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut only)
+            .await
+            .unwrap();
+        let refused: u64 = (stats.lines())
+            .find_map(|l| l.strip_prefix("rejected_connections:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("rejected_connections in INFO stats");
+        assert!(
+            (1..=20).contains(&refused),
+            "{refused} dials for 200 waiters"
+        );
     }
 
     #[test]

@@ -550,3 +550,76 @@ async fn a_paused_node_does_not_hold_back_a_waiters_wake_up() {
         .await
         .expect("the release told by two nodes did not wake the waiter");
 }
+
+/// Waits on many keys while a node is paused each end, and once they are
+/// over this process keeps nothing of them: no channel entry, no
+/// subscription change queued for the paused node. The connect timeout is
+/// unbounded, so only the wake-ups' own bound ends a SUBSCRIBE the paused
+/// node never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_during_a_pause_leave_no_wake_up_state_behind() {
+    const KEYS: usize = 40;
+    let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    let options = RedlockOptions::default()
+        .node_timeout(NODE_TIMEOUT)
+        .connect_timeout(Duration::MAX);
+    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        .await
+        .expect("connect");
+    let locker = Locker::new(backend.clone());
+    let patience = Duration::from_secs(60);
+    let emptied = |backend: RedlockBackend| async move {
+        while backend.wake_up_backlog() != (0, 0) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    // An earlier wait opened the subscription connections, which stay:
+    // the paused node's takes the next SUBSCRIBE and never answers it.
+    let earlier = lock_core::validate::key("earlier", &backend.capabilities().limits).unwrap();
+    drop(backend.on_release(&earlier).await.expect("a wake-up"));
+    tokio::time::timeout(patience, emptied(backend.clone()))
+        .await
+        .expect("the earlier wait left its entry behind with every node up");
+    let _paused = Paused::pause(&nodes, &[2]);
+
+    let names: Vec<String> = (0..KEYS).map(|i| format!("paused-wait-{i}")).collect();
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(locker.try_acquire(name, TTL).await.expect("two grant"));
+    }
+    let waiters: Vec<_> = (names.iter().cloned())
+        .map(|name| {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                let lease = locker.acquire(&name, TTL, patience).await?;
+                locker.release(lease).await
+            })
+        })
+        .collect();
+    // Released once every waiter is registered, so that each wait takes a wake-up.
+    tokio::time::timeout(patience, async {
+        while backend.wake_up_backlog().0 < KEYS {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiters never all registered");
+    for lease in held {
+        locker.release(lease).await.expect("release on two");
+    }
+    for waiter in waiters {
+        tokio::time::timeout(patience, waiter)
+            .await
+            .expect("a wait did not end")
+            .expect("the waiter panicked")
+            .expect("acquired and released on two");
+    }
+    tokio::time::timeout(patience, emptied(backend.clone()))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the waits are over, yet (entries, queued changes) are {:?}",
+                backend.wake_up_backlog()
+            )
+        });
+}
