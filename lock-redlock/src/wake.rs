@@ -19,42 +19,122 @@
 //! once none does. A wait's rounds each take a wake-up of their own, and
 //! the next round registers before the last one's departure is acted on
 //! (a task spawned then looks again), so one acquire subscribes once per
-//! node, however many rounds it waits.
+//! node, however many rounds it waits. Waiters mark the channels a node's
+//! task is to look at, in a set: however many come and go, the task has at
+//! most one look per channel to take.
 //!
 //! A waiter's wake-up is in place once a majority of the nodes listens on
 //! its channel: a held lock is held by a majority, whose releases publish,
-//! so at least one node that listens tells of its release. A node that does
-//! not answer (paused, cut off) holds no waiter back; it subscribes when it
-//! answers.
+//! so a node that listens tells of its release. Usually in time, not
+//! always: when fewer than a majority of the nodes both listen and hold
+//! the lock, the first message may wake the waiter before the other holders
+//! have deleted the grant; its attempt is refused there, no majority-making
+//! message follows, and the wait sleeps out its backoff. Latency rests on
+//! the wake-ups; liveness on the polling.
+//!
+//! A node that does not answer (paused, cut off) holds no waiter back; it
+//! subscribes when it answers. A dial, and the answer to a SUBSCRIBE, wait
+//! at most the connect timeout and never more than [`PATIENCE_MAX`]; a node
+//! that has not answered by then is down: new waiters do not count on it
+//! (so their entries go with them), and it is dialled again after a pause
+//! that no waiter shortens.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use lock_core::WakeUpFuture;
 use redis::aio::{PubSubSink, PubSubStream};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// The pause before dialling a node again after its pub/sub connection
 /// failed, doubling up to [`REDIAL_MAX`] while the failures go on.
 const REDIAL: Duration = Duration::from_millis(50);
 const REDIAL_MAX: Duration = Duration::from_secs(2);
 
+/// The longest a dial or a SUBSCRIBE may go unanswered, whatever the
+/// connect timeout: until then a hung node keeps its channels' entries.
+const PATIENCE_MAX: Duration = Duration::from_secs(5);
+
 /// What the waiters want and what the nodes have, shared by all of them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     interest: Mutex<Interest>,
     /// A node's subscription to some channel changed (see [`Listening`]).
     changed: Notify,
-    /// Commands sent to the nodes' tasks and not yet taken.
-    queued: AtomicUsize,
+    /// Per node, tells its task to look: at its marked channels, or at
+    /// whether the backend is gone.
+    signals: Vec<Arc<Notify>>,
 }
 
-#[derive(Debug, Default)]
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The tasks hold no strong reference, and may be waiting for a signal.
+        for signal in &self.signals {
+            signal.notify_one();
+        }
+    }
+}
+
+#[derive(Debug)]
 struct Interest {
     channels: HashMap<String, Channel>,
+    /// Per node, its task's connection.
+    links: Vec<Link>,
+}
+
+/// One node's pub/sub connection, as the waiters see it.
+#[derive(Debug, Default)]
+struct Link {
+    state: LinkState,
+    /// While up: the channels its task is to bring in line with their waiters.
+    marked: HashSet<String>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum LinkState {
+    /// Not connected yet: the task dials as soon as a channel is wanted.
+    #[default]
+    Idle,
+    /// Connected: the task subscribes as the waiters want.
+    Up,
+    /// The last dial or connection failed: the task dials again after a
+    /// pause while channels are wanted.
+    Down,
+}
+
+impl Link {
+    /// A waiter came to `channel`, where this node does not listen: where
+    /// its subscription stands meanwhile.
+    fn subscribe(&mut self, channel: &str) -> Listening {
+        match self.state {
+            LinkState::Up => {
+                self.marked.insert(channel.to_owned());
+                Listening::Settling
+            }
+            // Subscribed once connected, within a dial's patience.
+            LinkState::Idle => Listening::Settling,
+            // Not counted on, so a node that stays down keeps no entry.
+            LinkState::Down => Listening::Failed,
+        }
+    }
+
+    /// The last waiter of `channel` left, whose subscription here stood at
+    /// `state`: where it stands now.
+    fn unsubscribe(&mut self, channel: &str, state: Listening) -> Listening {
+        match (state, self.state) {
+            (Listening::On | Listening::Failed, LinkState::Up) => {
+                self.marked.insert(channel.to_owned());
+                Listening::Settling
+            }
+            // Without a connection nothing is subscribed.
+            (Listening::On | Listening::Failed, _) => Listening::Off,
+            // A node already settling looks at the waiters when it gets to it.
+            (state, _) => state,
+        }
+    }
 }
 
 /// A channel with waiters, or with subscriptions still to undo.
@@ -83,8 +163,7 @@ enum Listening {
     Settling,
     /// Subscribed: the node's release messages arrive.
     On,
-    /// The node could not be reached; its task dials again while the
-    /// channel is wanted.
+    /// The node is down; its task dials again while the channel is wanted.
     Failed,
 }
 
@@ -133,18 +212,10 @@ impl Channel {
     }
 }
 
-/// What a node's task is asked to do.
-#[derive(Debug)]
-enum Command {
-    /// Bring the node's subscription to the channel in line with its waiters.
-    Settle(String),
-}
-
 /// The pub/sub connections of all nodes, shared by all waiters.
 #[derive(Debug, Clone)]
 pub(crate) struct Wakeups {
     shared: Arc<Shared>,
-    nodes: Arc<Vec<mpsc::UnboundedSender<Command>>>,
     node_timeout: Duration,
 }
 
@@ -156,28 +227,29 @@ impl Wakeups {
         node_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
-        let shared = Arc::new(Shared::default());
         let count = clients.len();
-        let nodes = clients
-            .into_iter()
-            .enumerate()
-            .map(|(node, client)| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let task = NodeTask {
-                    client,
-                    node,
-                    nodes: count,
-                    shared: Arc::downgrade(&shared),
-                    commands: rx,
-                    connect_timeout,
-                };
-                tokio::spawn(task.run());
-                tx
-            })
-            .collect();
+        let signals: Vec<Arc<Notify>> = (0..count).map(|_| Arc::new(Notify::new())).collect();
+        let shared = Arc::new(Shared {
+            interest: Mutex::new(Interest {
+                channels: HashMap::new(),
+                links: (0..count).map(|_| Link::default()).collect(),
+            }),
+            changed: Notify::new(),
+            signals: signals.clone(),
+        });
+        for (node, (client, signal)) in clients.into_iter().zip(signals).enumerate() {
+            let task = NodeTask {
+                client,
+                node,
+                nodes: count,
+                shared: Arc::downgrade(&shared),
+                signal,
+                patience: connect_timeout.min(PATIENCE_MAX),
+            };
+            tokio::spawn(task.run());
+        }
         Wakeups {
             shared,
-            nodes: Arc::new(nodes),
             node_timeout,
         }
     }
@@ -197,23 +269,23 @@ impl Wakeups {
     /// has answered, or the per-node timeout has passed: the subscriptions
     /// still to come count once they come).
     pub(crate) async fn on_release(&self, channel: String) -> Option<WakeUpFuture> {
-        let (mut released, settle) = {
+        let mut released = {
             let mut interest = lock(&self.shared.interest);
-            let entry = interest
-                .channels
+            let Interest { channels, links } = &mut *interest;
+            let entry = channels
                 .entry(channel.clone())
-                .or_insert_with(|| Channel::new(self.nodes.len()));
+                .or_insert_with(|| Channel::new(links.len()));
             entry.waiters += 1;
             let released = Box::pin(entry.released.clone().notified_owned());
             // The other nodes listen, or their task is on it and finds the
             // channel wanted, or it dials again on its own.
-            let settle: Vec<usize> = (0..entry.nodes.len())
-                .filter(|&i| entry.nodes[i] == Listening::Off)
-                .collect();
-            for &i in &settle {
-                entry.nodes[i] = Listening::Settling;
+            for (i, link) in links.iter_mut().enumerate() {
+                if entry.nodes[i] == Listening::Off {
+                    entry.nodes[i] = link.subscribe(&channel);
+                    self.shared.signals[i].notify_one();
+                }
             }
-            (released, settle)
+            released
         };
         // In line from now: a release message from a node that listens counts.
         released.as_mut().enable();
@@ -221,10 +293,6 @@ impl Wakeups {
             wakeups: self.clone(),
             channel: channel.clone(),
         };
-        for i in settle {
-            self.shared.queued.fetch_add(1, Ordering::Relaxed);
-            let _ = self.nodes[i].send(Command::Settle(channel.clone()));
-        }
         let _ = tokio::time::timeout(self.node_timeout, self.majority_listens(&channel)).await;
         Some(Box::pin(async move {
             let _registration = registration;
@@ -232,17 +300,18 @@ impl Wakeups {
         }))
     }
 
-    /// How many channels have an entry, and how many commands wait for the
-    /// nodes' tasks.
+    /// How many channels have an entry, and how many looks the nodes'
+    /// tasks have still to take at them.
     pub(crate) fn backlog(&self) -> (usize, usize) {
-        let channels = lock(&self.shared.interest).channels.len();
-        (channels, self.shared.queued.load(Ordering::Relaxed))
+        let interest = lock(&self.shared.interest);
+        let marked = interest.links.iter().map(|l| l.marked.len()).sum();
+        (interest.channels.len(), marked)
     }
 
     /// Returns once a majority of the nodes listens on `channel`, or every
     /// node has either subscribed or failed.
     async fn majority_listens(&self, channel: &str) {
-        let quorum = crate::quorum(self.nodes.len());
+        let quorum = crate::quorum(self.shared.signals.len());
         loop {
             let changed = self.shared.changed.notified();
             tokio::pin!(changed);
@@ -281,11 +350,7 @@ impl Drop for Registration {
         }
         entry.closing = true;
         drop(interest);
-        let close = close(
-            Arc::downgrade(&self.wakeups.shared),
-            self.wakeups.nodes.clone(),
-            self.channel.clone(),
-        );
+        let close = close(Arc::downgrade(&self.wakeups.shared), self.channel.clone());
         // Spawned, not run here: a wait's next round registers first (it
         // runs on in this same poll), and the task then finds the channel
         // wanted again.
@@ -298,39 +363,28 @@ impl Drop for Registration {
 
 /// After the last waiter of `channel` left: unless another waiter has come
 /// since, has every node that may listen unsubscribe.
-async fn close(
-    shared: Weak<Shared>,
-    nodes: Arc<Vec<mpsc::UnboundedSender<Command>>>,
-    channel: String,
-) {
+async fn close(shared: Weak<Shared>, channel: String) {
     let Some(shared) = shared.upgrade() else {
         return;
     };
-    let settle = {
-        let mut interest = lock(&shared.interest);
-        let Some(entry) = interest.channels.get_mut(&channel) else {
-            return;
-        };
-        entry.closing = false;
-        if entry.waiters > 0 {
-            return;
-        }
-        // A node already settling looks at the waiters when it gets to it.
-        let mut settle = Vec::new();
-        for (i, state) in entry.nodes.iter_mut().enumerate() {
-            if matches!(state, Listening::On | Listening::Failed) {
-                *state = Listening::Settling;
-                settle.push(i);
-            }
-        }
-        if entry.is_done() {
-            interest.channels.remove(&channel);
-        }
-        settle
+    let mut interest = lock(&shared.interest);
+    let Interest { channels, links } = &mut *interest;
+    let Some(entry) = channels.get_mut(&channel) else {
+        return;
     };
-    for i in settle {
-        shared.queued.fetch_add(1, Ordering::Relaxed);
-        let _ = nodes[i].send(Command::Settle(channel.clone()));
+    entry.closing = false;
+    if entry.waiters > 0 {
+        return;
+    }
+    for (i, link) in links.iter_mut().enumerate() {
+        let state = link.unsubscribe(&channel, entry.nodes[i]);
+        if state != entry.nodes[i] && state == Listening::Settling {
+            shared.signals[i].notify_one();
+        }
+        entry.nodes[i] = state;
+    }
+    if entry.is_done() {
+        channels.remove(&channel);
     }
 }
 
@@ -347,10 +401,11 @@ struct NodeTask {
     node: usize,
     nodes: usize,
     shared: Weak<Shared>,
-    commands: mpsc::UnboundedReceiver<Command>,
+    /// This node's signal in [`Shared::signals`].
+    signal: Arc<Notify>,
     /// Bounds a dial, and the answer to a SUBSCRIBE or UNSUBSCRIBE: a node
-    /// that leaves one unanswered this long counts as disconnected.
-    connect_timeout: Duration,
+    /// that leaves one unanswered this long counts as down.
+    patience: Duration,
 }
 
 /// Why a connection ended.
@@ -362,89 +417,86 @@ enum Ended {
 }
 
 impl NodeTask {
-    async fn run(mut self) {
+    async fn run(self) {
         let mut redial = REDIAL;
+        // No dial before then, however many waiters come: a node that
+        // refuses connections is not dialled once per waiter.
+        let mut next_dial = Instant::now();
         loop {
             // Not connected: connect only when somebody waits, so that idle
-            // backends hold no pub/sub connection. A new subscription
-            // connects at once; channels still wanted after a failure,
-            // after a pause.
-            let Some(wanted) = self.off_where_unwanted() else {
-                return;
-            };
-            if wanted {
-                tokio::select! {
-                    command = self.next_command() => if command.is_none() { return },
-                    () = tokio::time::sleep(redial) => {}
-                }
-            } else if self.next_command().await.is_none() {
-                return;
-            }
-            // Asked to undo a subscription, which went with the connection.
-            if self.off_where_unwanted() != Some(true) {
-                continue;
-            }
-            let pubsub =
-                match tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
-                    .await
-                {
-                    Ok(Ok(pubsub)) => pubsub,
-                    _ => {
-                        self.failed();
-                        redial = (redial * 2).min(REDIAL_MAX);
-                        continue;
-                    }
-                };
-            let (mut sink, mut messages) = pubsub.split();
-            let mut on_server = HashSet::new();
-            let channels: Vec<String> = match self.shared.upgrade() {
-                Some(shared) => lock(&shared.interest).channels.keys().cloned().collect(),
+            // backends hold no pub/sub connection.
+            match self.disconnected() {
                 None => return,
-            };
-            let mut healthy = true;
-            for channel in &channels {
-                healthy = self.settle(&mut sink, &mut on_server, channel).await;
-                if !healthy {
-                    break;
+                Some(false) => {
+                    self.signal.notified().await;
+                    continue;
                 }
+                Some(true) => {}
             }
-            if !healthy {
-                // A node that connects but does not subscribe is dialled slowly.
-                self.failed();
-                redial = (redial * 2).min(REDIAL_MAX);
+            if Instant::now() < next_dial {
+                if !self.pause_until(next_dial).await {
+                    return;
+                }
+                // The waiters may have left meanwhile.
                 continue;
             }
-            redial = REDIAL;
-            match self.serve(&mut sink, &mut messages, &mut on_server).await {
+            let ended =
+                match tokio::time::timeout(self.patience, self.client.get_async_pubsub()).await {
+                    Ok(Ok(pubsub)) => {
+                        let (mut sink, mut messages) = pubsub.split();
+                        self.serve(&mut sink, &mut messages, &mut redial).await
+                    }
+                    _ => Ended::Broken,
+                };
+            match ended {
                 Ended::Shutdown => return,
                 Ended::Broken => {
                     self.failed();
-                    // Release messages may have been missed: every waiter
-                    // tries again rather than sleep out its backoff.
-                    self.wake_everyone();
+                    next_dial = Instant::now() + redial;
+                    redial = (redial * 2).min(REDIAL_MAX);
                 }
             }
         }
     }
 
-    /// The next command, once one comes; `None` once the backend is gone.
-    async fn next_command(&mut self) -> Option<Command> {
-        let command = self.commands.recv().await;
-        if let (Some(_), Some(shared)) = (&command, self.shared.upgrade()) {
-            shared.queued.fetch_sub(1, Ordering::Relaxed);
+    /// Sleeps until `until`, whatever the signal says meanwhile; false once
+    /// the backend is gone.
+    async fn pause_until(&self, until: Instant) -> bool {
+        let pause = tokio::time::sleep_until(until);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => return self.shared.strong_count() > 0,
+                () = self.signal.notified() => if self.shared.strong_count() == 0 {
+                    return false;
+                },
+            }
         }
-        command
     }
 
-    /// Subscribes and unsubscribes as asked, and hands release messages to
-    /// the waiters, until the connection breaks or the backend is gone.
+    /// Subscribes as the waiters want, and hands release messages to them,
+    /// until the connection breaks or the backend is gone. Resets `redial`
+    /// once the node answers.
     async fn serve(
-        &mut self,
+        &self,
         sink: &mut PubSubSink,
         messages: &mut PubSubStream,
-        on_server: &mut HashSet<String>,
+        redial: &mut Duration,
     ) -> Ended {
+        if self.connected().is_none() {
+            return Ended::Shutdown;
+        }
+        let mut on_server = HashSet::new();
         loop {
+            let Some(marked) = self.take_marked() else {
+                return Ended::Shutdown;
+            };
+            for channel in marked {
+                if !self.settle(sink, &mut on_server, &channel).await {
+                    return Ended::Broken;
+                }
+                *redial = REDIAL;
+            }
             tokio::select! {
                 message = messages.next() => {
                     let Some(message) = message else { return Ended::Broken };
@@ -453,14 +505,7 @@ impl NodeTask {
                         entry.release_message(message.get_payload_bytes(), self.node, self.nodes);
                     }
                 }
-                command = self.next_command() => match command {
-                    None => return Ended::Shutdown,
-                    Some(Command::Settle(channel)) => {
-                        if !self.settle(sink, on_server, &channel).await {
-                            return Ended::Broken;
-                        }
-                    }
-                },
+                () = self.signal.notified() => {}
             }
         }
     }
@@ -499,7 +544,7 @@ impl NodeTask {
                     sink.unsubscribe(channel).await
                 }
             };
-            match tokio::time::timeout(self.connect_timeout, request).await {
+            match tokio::time::timeout(self.patience, request).await {
                 Ok(Ok(())) if wanted => on_server.insert(channel.to_owned()),
                 Ok(Ok(())) => on_server.remove(channel),
                 _ => return false,
@@ -521,49 +566,83 @@ impl NodeTask {
         shared.changed.notify_waiters();
     }
 
+    /// The channels marked for this node since the last look, each once;
+    /// `None` once the backend is gone.
+    fn take_marked(&self) -> Option<HashSet<String>> {
+        let shared = self.shared.upgrade()?;
+        let mut interest = lock(&shared.interest);
+        Some(std::mem::take(&mut interest.links[self.node].marked))
+    }
+
     /// Without a connection this node listens on nothing: the channels no
     /// waiter wants are off here. Returns whether any channel is wanted;
     /// `None` once the backend is gone.
-    fn off_where_unwanted(&self) -> Option<bool> {
-        self.mark(|state| state)
+    fn disconnected(&self) -> Option<bool> {
+        self.update(|interest| self.mark(&mut interest.channels, |_, state| state))
     }
 
-    /// The connection failed or broke: the channels with waiters fail here
-    /// until the node is reached again (so that nobody waits for this
-    /// node's subscription), the others are off.
+    /// Connected, with nothing subscribed yet: every channel with waiters
+    /// is marked for this node's task to subscribe.
+    fn connected(&self) -> Option<bool> {
+        self.update(|interest| {
+            let link = &mut interest.links[self.node];
+            link.state = LinkState::Up;
+            let marked = &mut link.marked;
+            self.mark(&mut interest.channels, |channel, _| {
+                marked.insert(channel.to_owned());
+                Listening::Settling
+            })
+        })
+    }
+
+    /// The dial failed or the connection broke: the channels with waiters
+    /// fail here until the node is reached again (so that nobody waits for
+    /// this node's subscription), the others are off. Waiters of a channel
+    /// that listened here are woken: release messages may have been missed,
+    /// and they try again rather than sleep out their backoff.
     fn failed(&self) {
-        self.mark(|_| Listening::Failed);
+        self.update(|interest| {
+            let link = &mut interest.links[self.node];
+            link.state = LinkState::Down;
+            link.marked.clear();
+            for entry in interest.channels.values() {
+                if entry.nodes[self.node] == Listening::On {
+                    entry.released.notify_waiters();
+                }
+            }
+            self.mark(&mut interest.channels, |_, _| Listening::Failed);
+        });
     }
 
-    /// Sets this node's state of each channel with waiters to `wanted(its
-    /// state)`, and of the others to off; returns whether any channel has
-    /// waiters.
-    fn mark(&self, wanted: impl Fn(Listening) -> Listening) -> Option<bool> {
+    /// Runs `update` on what the waiters want, then tells those waiting for
+    /// subscriptions; `None` once the backend is gone.
+    fn update<T>(&self, update: impl FnOnce(&mut Interest) -> T) -> Option<T> {
         let shared = self.shared.upgrade()?;
-        let mut interest = lock(&shared.interest);
+        let out = update(&mut lock(&shared.interest));
+        shared.changed.notify_waiters();
+        Some(out)
+    }
+
+    /// Sets this node's state of each channel with waiters to `wanted(the
+    /// channel, its state)`, and of the others to off, dropping the entries
+    /// nobody needs; returns whether any channel has waiters.
+    fn mark(
+        &self,
+        channels: &mut HashMap<String, Channel>,
+        mut wanted: impl FnMut(&str, Listening) -> Listening,
+    ) -> bool {
         let mut any = false;
-        interest.channels.retain(|_, entry| {
+        channels.retain(|channel, entry| {
             let state = &mut entry.nodes[self.node];
             if entry.waiters > 0 {
-                *state = wanted(*state);
+                *state = wanted(channel, *state);
                 any = true;
             } else {
                 *state = Listening::Off;
             }
             !entry.is_done()
         });
-        drop(interest);
-        shared.changed.notify_waiters();
-        Some(any)
-    }
-
-    /// Wakes every waiter.
-    fn wake_everyone(&self) {
-        if let Some(shared) = self.shared.upgrade() {
-            for entry in lock(&shared.interest).channels.values() {
-                entry.released.notify_waiters();
-            }
-        }
+        any
     }
 }
 
