@@ -729,8 +729,8 @@ mod tests {
     }
 
     /// A node that refuses every connection is dialled at the pace of the
-    /// redial pause, not once per waiter: 200 waiters come and go while it
-    /// refuses, far more than the pauses of the test's run allow dials.
+    /// redial pause, not once per waiter: 200 waiters come and go in far
+    /// less time than 20 pauses take.
     #[tokio::test]
     async fn a_node_refusing_connections_is_not_dialled_once_per_waiter() {
         let options = RedisOptions {
