@@ -15,6 +15,8 @@ set -a
 . target/lockkit-servers/urls.env
 set +a
 export LOCKKIT_REQUIRE_SERVERS=1
+# A fresh clone builds once: incremental state would only take disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step() { printf '\n== %s\n' "$*"; }
 
