@@ -33,6 +33,8 @@ macro_rules! conformance_suite {
             acquire_times_out_cleanly,
             cancelled_acquire_leaves_no_grant_beyond_its_ttl,
             dropped_attempt_gives_its_grant_back_at_once,
+            waiters_are_granted_in_order_of_arrival,
+            a_cancelled_waiter_leaves_the_line,
             guard_keeps_the_lock_across_ttls,
             guard_reports_loss_when_the_grant_is_removed,
             dropped_guard_frees_the_lock,

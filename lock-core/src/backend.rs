@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    Capabilities, Error, Grant, HeldLock, Lease, LockKey, LostReason, OwnerToken, Result, Waiting,
+    Capabilities, Error, Grant, HeldLock, Lease, LockKey, LostReason, OwnerToken, Place, Result,
+    Waiting,
 };
 
 /// A future that completes when a lock may have been released.
@@ -85,6 +86,40 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// backend has no wake-ups (waiters then poll).
     async fn on_release(&self, _key: &LockKey) -> Option<WakeUpFuture> {
         None
+    }
+
+    /// One attempt by a waiter that holds `place`, on a backend that keeps a
+    /// waiting line ([`WaitingOrder`](crate::WaitingOrder) other than
+    /// `Unordered`). Granted only when the key is free and `place` is at
+    /// the head of the line (or the line is empty), and then `place` leaves
+    /// the line. Otherwise [`Error::Contended`], with `place` joined at the
+    /// tail or, when already in line, its lease refreshed. The default,
+    /// for backends without a line, is [`try_acquire`](Self::try_acquire).
+    async fn try_acquire_queued(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        place: &Place,
+    ) -> Result<Grant> {
+        let _ = place;
+        self.try_acquire(key, owner, ttl).await
+    }
+
+    /// Like [`on_release`](Self::on_release), for the waiter at `place`:
+    /// completes when it is its turn (a release woke it, and no other
+    /// waiter). The default is `on_release`.
+    async fn on_turn(&self, key: &LockKey, place: &Place) -> Option<WakeUpFuture> {
+        let _ = place;
+        self.on_release(key).await
+    }
+
+    /// Takes `place` out of the line of `key` (its waiter gave up), handing
+    /// the turn on if it was its own. Must not block: it runs when a wait
+    /// is dropped, so it sends in the background. Where it cannot be sent,
+    /// the place's lease bounds it. The default does nothing.
+    fn leave_queue(&self, key: &LockKey, place: &Place) {
+        let _ = (key, place);
     }
 
     /// A future that completes when the backend notices, before the next

@@ -19,8 +19,9 @@ pub struct Capabilities {
     pub fencing: Fencing,
     /// How waiters learn that a lock was released.
     pub wake_up: WakeUp,
-    /// Waiters are granted in the order they started waiting.
-    pub fifo_fair: bool,
+    /// In what order waiters are granted, and how long a dead waiter can
+    /// hold up the ones behind it.
+    pub waiting_order: WaitingOrder,
     /// A grant outlives the connection that made it (until its TTL). When
     /// false, a dropped connection frees the lock at once (PostgreSQL).
     pub lock_outlives_connection: bool,
@@ -56,7 +57,7 @@ impl Capabilities {
                 rests_on: Vec::new(),
             },
             wake_up: WakeUp::Polling,
-            fifo_fair: false,
+            waiting_order: WaitingOrder::Unordered,
             lock_outlives_connection: true,
             tolerated_server_failures: 0,
             reports_remaining_ttl: false,
@@ -88,9 +89,9 @@ impl Capabilities {
         self
     }
 
-    /// Declares FIFO fairness among waiters.
-    pub fn with_fifo_fairness(mut self, fair: bool) -> Self {
-        self.fifo_fair = fair;
+    /// Declares the order in which waiters are granted.
+    pub fn with_waiting_order(mut self, order: WaitingOrder) -> Self {
+        self.waiting_order = order;
         self
     }
 
@@ -329,6 +330,107 @@ impl Default for Limits {
             max_ttl: crate::validate::MAX_TTL,
             ttl_granularity: Duration::from_millis(1),
             max_key_bytes: crate::validate::MAX_KEY_BYTES,
+        }
+    }
+}
+
+/// In what order a backend grants the waiters of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitingOrder {
+    /// Whoever asks first after a release wins; a waiter may in principle
+    /// wait forever while newcomers win.
+    Unordered,
+    /// First come, first served: waiters are granted in the order they
+    /// joined the key's waiting line, and newcomers do not pass them.
+    Fifo {
+        /// How long a waiter that died in line can hold up the others.
+        stall: Stall,
+    },
+    /// First come, first served as far as the servers agree on the order:
+    /// a waiter may be passed only by one that joined less than `within`
+    /// after it (independent servers see arrivals in their own order).
+    Within {
+        /// How far apart two arrivals may be and still be granted in either order.
+        within: Duration,
+        /// How long a waiter that died in line can hold up the others.
+        stall: Stall,
+    },
+}
+
+impl WaitingOrder {
+    /// Whether waiters are served strictly in order of arrival.
+    pub fn is_fifo(&self) -> bool {
+        matches!(self, WaitingOrder::Fifo { .. })
+    }
+
+    /// How long a dead waiter may hold up the line, when there is a line.
+    pub fn stall(&self) -> Option<Stall> {
+        match *self {
+            WaitingOrder::Unordered => None,
+            WaitingOrder::Fifo { stall } | WaitingOrder::Within { stall, .. } => Some(stall),
+        }
+    }
+
+    /// The lease of a place in line that the waiting loop must refresh,
+    /// when places have one.
+    pub fn waiter_lease(&self) -> Option<Duration> {
+        match self.stall()? {
+            Stall::WaiterLease(lease) => Some(lease),
+            Stall::WaiterTtl => None,
+        }
+    }
+}
+
+impl fmt::Display for WaitingOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitingOrder::Unordered => f.write_str("unordered"),
+            WaitingOrder::Fifo { stall } => write!(f, "FIFO ({stall})"),
+            WaitingOrder::Within { within, stall } => {
+                write!(f, "FIFO within {within:?} ({stall})")
+            }
+        }
+    }
+}
+
+/// What bounds the wait a dead waiter imposes on those behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stall {
+    /// Each place in line has a lease of this length, refreshed while its
+    /// waiter waits (every third of it); a head whose lease ran out is
+    /// skipped. The next waiter's grant comes at most
+    /// [`bound`](Stall::bound) after the death.
+    WaiterLease(Duration),
+    /// A place lasts as long as the TTL its waiter asked for (etcd: the
+    /// waiter's lease).
+    WaiterTtl,
+}
+
+impl Stall {
+    /// The longest a dead waiter can hold up the next grant, when it does
+    /// not depend on the waiter's TTL: its lease, plus the third of a
+    /// lease after which the next waiter looks again.
+    pub fn bound(&self) -> Option<Duration> {
+        match *self {
+            Stall::WaiterLease(lease) => Some(lease + lease / 3),
+            Stall::WaiterTtl => None,
+        }
+    }
+}
+
+impl fmt::Display for Stall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stall::WaiterLease(lease) => {
+                write!(
+                    f,
+                    "a dead waiter stalls the line for at most {:?}",
+                    *lease + *lease / 3
+                )
+            }
+            Stall::WaiterTtl => f.write_str("a dead waiter stalls the line until its TTL runs out"),
         }
     }
 }

@@ -14,13 +14,15 @@ mod memory;
 mod observe;
 mod operator;
 mod owner;
+mod place;
 pub mod url;
 pub mod validate;
 pub mod wait;
 
 pub use backend::{DynBackend, LockBackend, LossFuture, WakeUpFuture};
 pub use capabilities::{
-    Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, WakeUp,
+    Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, Stall, WaitingOrder,
+    WakeUp,
 };
 pub use deadline::DriftMargin;
 pub use error::{BoxError, Error, LostReason, Result};
@@ -34,6 +36,7 @@ pub use memory::MemoryBackend;
 pub use observe::KeyLabel;
 pub use operator::HeldLock;
 pub use owner::{OwnerToken, Secret};
+pub use place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};
 pub use wait::{Backoff, WAITING_EVENT_TARGET, Waiting};
 
 /// The trait's async methods are declared with this macro; backends use it too.

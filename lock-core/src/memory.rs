@@ -1,7 +1,7 @@
 //! The in-memory backend: the whole contract in one process, with faults a
 //! test can script. Swap it in for a real backend in your own tests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use crate::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, GiveBack, Grant, HeldLock,
-    Lease, LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
-    WakeUpFuture,
+    Lease, LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Place, Result, SafetyModel,
+    Stall, WaitingOrder, WakeUp, WakeUpFuture,
 };
 
 /// Locks kept in this process's memory. Clones share the same locks.
@@ -36,6 +36,7 @@ use crate::{
 pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
     capabilities: Arc<Capabilities>,
+    waiter_lease: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -53,8 +54,18 @@ struct State {
 #[derive(Debug)]
 struct Slot {
     holder: Option<Holder>,
+    /// The waiting line, head first: while it has a live head, only that
+    /// waiter is granted the free key.
+    line: VecDeque<InLine>,
     /// Bumped whenever a grant is removed: wakes waiters and loss signals.
     removals: watch::Sender<Removal>,
+}
+
+#[derive(Debug)]
+struct InLine {
+    place: Place,
+    /// Past this, the waiter is taken for dead and skipped.
+    expires_at: Instant,
 }
 
 #[derive(Debug)]
@@ -75,6 +86,7 @@ impl Slot {
     fn new() -> Self {
         Slot {
             holder: None,
+            line: VecDeque::new(),
             removals: watch::channel(Removal::default()).0,
         }
     }
@@ -82,6 +94,25 @@ impl Slot {
     /// The holder, if its grant has not expired.
     fn live_holder(&self, now: Instant) -> Option<&Holder> {
         self.holder.as_ref().filter(|h| h.expires_at > now)
+    }
+
+    /// The head of the line, once heads whose lease ran out are dropped.
+    fn live_head(&mut self, now: Instant) -> Option<&Place> {
+        while self.line.front().is_some_and(|w| w.expires_at <= now) {
+            self.line.pop_front();
+        }
+        self.line.front().map(|w| &w.place)
+    }
+
+    /// Joins `place` at the tail, or refreshes its lease if it is in line.
+    fn keep_place(&mut self, place: &Place, expires_at: Instant) {
+        match self.line.iter_mut().find(|w| w.place == *place) {
+            Some(waiter) => waiter.expires_at = expires_at,
+            None => self.line.push_back(InLine {
+                place: place.clone(),
+                expires_at,
+            }),
+        }
     }
 
     fn remove(&mut self, reason: LostReason) -> bool {
@@ -107,14 +138,31 @@ impl Default for MemoryBackend {
 impl MemoryBackend {
     /// An empty lock space.
     pub fn new() -> Self {
-        let capabilities = Capabilities::new("memory", SafetyModel::InProcess)
-            .with_fencing(FencingGuarantee::Strict, [Assumption::ProcessMemory])
-            .with_wake_up(WakeUp::InProcess)
-            .with_remaining_ttl(true);
         MemoryBackend {
             state: Arc::default(),
-            capabilities: Arc::new(capabilities),
+            capabilities: Arc::new(Self::capabilities_with(crate::DEFAULT_WAITER_LEASE)),
+            waiter_lease: crate::DEFAULT_WAITER_LEASE,
         }
+    }
+
+    /// Keeps places in line for `lease` without a refresh (default
+    /// [`DEFAULT_WAITER_LEASE`](crate::DEFAULT_WAITER_LEASE)): a waiter that
+    /// stops refreshing (a leaked wait) holds the line up that long at most.
+    /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
+    pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
+        self.waiter_lease = crate::waiter_lease(lease)?;
+        self.capabilities = Arc::new(Self::capabilities_with(lease));
+        Ok(self)
+    }
+
+    fn capabilities_with(waiter_lease: Duration) -> Capabilities {
+        Capabilities::new("memory", SafetyModel::InProcess)
+            .with_fencing(FencingGuarantee::Strict, [Assumption::ProcessMemory])
+            .with_wake_up(WakeUp::InProcess)
+            .with_waiting_order(WaitingOrder::Fifo {
+                stall: Stall::WaiterLease(waiter_lease),
+            })
+            .with_remaining_ttl(true)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -123,13 +171,16 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Grants `key` to `owner` if it is free; with the delay of its reply
-    /// when a scripted fault makes it late.
+    /// Grants `key` to `owner` if it is free and no other waiter's turn
+    /// (the waiter at `place`: its own turn); with the delay of its reply
+    /// when a scripted fault makes it late. Refused, a `place` keeps its
+    /// place in line.
     fn grant(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         ttl: Duration,
+        place: Option<&Place>,
     ) -> Result<(Grant, Option<Duration>)> {
         let mut state = self.state();
         if state.unavailable {
@@ -138,11 +189,19 @@ impl MemoryBackend {
         let now = Instant::now();
         let token = FencingToken::new(state.last_token + 1);
         let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
-        if let Some(holder) = slot.live_holder(now) {
+        let remaining = slot.live_holder(now).map(|h| h.expires_at - now);
+        let others_turn = slot.live_head(now).is_some_and(|head| Some(head) != place);
+        if remaining.is_some() || others_turn {
+            if let Some(place) = place {
+                slot.keep_place(place, now + self.waiter_lease);
+            }
             return Err(Error::Contended {
                 key: key.to_string(),
-                remaining: Some(holder.expires_at - now),
+                remaining,
             });
+        }
+        if let Some(place) = place {
+            slot.line.retain(|w| w.place != *place);
         }
         slot.holder = Some(Holder {
             owner: owner.clone(),
@@ -165,6 +224,23 @@ impl MemoryBackend {
         {
             slot.remove(LostReason::Released);
         }
+    }
+
+    /// The reply to a grant, as late as a scripted fault makes it.
+    async fn reply(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        (grant, late): (Grant, Option<Duration>),
+    ) -> Result<Grant> {
+        let Some(delay) = late else {
+            return Ok(grant);
+        };
+        // Dropped while the reply is on its way: nobody will hold the grant.
+        let give_back = GiveBack::armed(|| self.remove_owned(key, owner));
+        tokio::time::sleep(delay).await;
+        give_back.disarm();
+        Ok(grant)
     }
 
     fn unavailable(&self) -> Error {
@@ -251,15 +327,43 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
-        let (grant, late) = self.grant(key, owner, ttl)?;
-        let Some(delay) = late else {
-            return Ok(grant);
+        let granted = self.grant(key, owner, ttl, None)?;
+        self.reply(key, owner, granted).await
+    }
+
+    async fn try_acquire_queued(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        place: &Place,
+    ) -> Result<Grant> {
+        let granted = self.grant(key, owner, ttl, Some(place))?;
+        self.reply(key, owner, granted).await
+    }
+
+    async fn on_turn(&self, key: &LockKey, _place: &Place) -> Option<WakeUpFuture> {
+        // Every waiter of the key wakes and asks; only the head is granted.
+        // In one process that costs a lock and a look each, not a herd of
+        // round trips.
+        self.on_release(key).await
+    }
+
+    fn leave_queue(&self, key: &LockKey, place: &Place) {
+        let mut state = self.state();
+        let Some(slot) = state.slots.get_mut(key.as_str()) else {
+            return;
         };
-        // Dropped while the reply is on its way: nobody will hold the grant.
-        let give_back = GiveBack::armed(|| self.remove_owned(key, owner));
-        tokio::time::sleep(delay).await;
-        give_back.disarm();
-        Ok(grant)
+        let was_head = slot.line.front().is_some_and(|w| w.place == *place);
+        slot.line.retain(|w| w.place != *place);
+        if was_head {
+            // The next waiter's turn, should the key be free: wake the
+            // waiters (a removal with no reason, which loss signals ignore).
+            slot.removals.send_replace(Removal::default());
+        }
+        if slot.holder.is_none() && slot.line.is_empty() && slot.removals.receiver_count() == 0 {
+            state.slots.remove(key.as_str());
+        }
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
@@ -302,7 +406,7 @@ impl LockBackend for MemoryBackend {
             return Err(Error::lost(key, LostReason::NotHeld));
         }
         slot.remove(LostReason::Released);
-        if slot.removals.receiver_count() == 0 {
+        if slot.removals.receiver_count() == 0 && slot.line.is_empty() {
             // Nobody waits on this key: forget it, so memory tracks held locks only.
             state.slots.remove(key);
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Error, Grant, LockBackend, LockKey, OwnerToken, Result};
+use crate::{Error, GiveBack, Grant, LockBackend, LockKey, OwnerToken, Place, Result};
 
 /// The target of the `DEBUG` event (message `waiting`, field `key`) an
 /// acquire emits when it starts to wait, so that a release from then on is
@@ -100,6 +100,20 @@ pub(crate) async fn attempt<B: LockBackend + ?Sized>(
     Ok(grant)
 }
 
+/// One attempt by the waiter at `place`, stamped like [`attempt`].
+async fn attempt_in_line<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+    place: &Place,
+) -> Result<Grant> {
+    let sent = Instant::now();
+    let mut grant = backend.try_acquire_queued(key, owner, ttl, place).await?;
+    grant.sent_at.get_or_insert(sent);
+    Ok(grant)
+}
+
 /// The default waiting strategy: attempt; on contention subscribe to
 /// release messages, attempt again, and sleep until a message, the backoff delay, the holder's
 /// reported expiry or the end of the wait, whichever comes first.
@@ -126,19 +140,37 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
     // The owner of a retry, fresh for each; the first attempt asks with the
     // caller's.
     let mut fresh: Option<OwnerToken> = None;
+    let waiter_lease = backend.capabilities().waiting_order.waiter_lease();
+    let place = waiter_lease.map(|_| Place::new());
+    // Armed once the place may be in line: the first uncontended attempt
+    // takes none, so it has nothing to leave.
+    let mut in_line = None;
     loop {
         // The first attempt goes out unsubscribed, so an uncontended acquire
         // pays for no subscription. After a refusal, subscribe and attempt
         // again at once: a release between an attempt and the sleep then
         // still wakes us.
-        let wake_up = if subscribed {
-            backend.on_release(key).await
-        } else {
-            None
+        let wake_up = match (subscribed, &place) {
+            (false, _) => None,
+            (true, None) => backend.on_release(key).await,
+            (true, Some(place)) => backend.on_turn(key, place).await,
         };
-        let outcome = attempt(backend, key, fresh.as_ref().unwrap_or(owner), ttl).await;
+        let asking = fresh.as_ref().unwrap_or(owner);
+        let outcome = match (subscribed, &place) {
+            (true, Some(place)) => {
+                if in_line.is_none() {
+                    in_line = Some(GiveBack::armed(|| backend.leave_queue(key, place)));
+                }
+                attempt_in_line(backend, key, asking, ttl, place).await
+            }
+            _ => attempt(backend, key, asking, ttl).await,
+        };
         let (hint, last_error) = match outcome {
             Ok(grant) => {
+                // Granted from the head of the line, the place left it.
+                if let Some(in_line) = in_line.take() {
+                    in_line.disarm();
+                }
                 return Ok(match fresh {
                     Some(won) => grant.for_owner(won),
                     None => grant,
@@ -161,6 +193,10 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
             tracing::debug!(target: WAITING_EVENT_TARGET, key = %key, "waiting");
         }
         let mut delay = wait.backoff.delay(tries).min(wait.until - now);
+        if let Some(lease) = waiter_lease {
+            // Keeps the place, and looks past a head that died in line.
+            delay = delay.min(lease / 3);
+        }
         if let Some(remaining) = hint {
             // The holder's grant ends by then unless renewed; 1 ms covers rounding.
             delay = delay.min(remaining + Duration::from_millis(1));

@@ -19,8 +19,8 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, TxnResponse};
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, HeldLock, Lease,
-    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
-    async_trait,
+    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Stall, Waiting,
+    WaitingOrder, WakeUp, async_trait,
 };
 use tokio::time::{Instant, sleep, timeout_at};
 
@@ -202,7 +202,9 @@ impl EtcdBackend {
         let capabilities = Capabilities::new("etcd", SafetyModel::Consensus)
             .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
             .with_wake_up(WakeUp::Watch)
-            .with_fifo_fairness(true)
+            .with_waiting_order(WaitingOrder::Fifo {
+                stall: Stall::WaiterTtl,
+            })
             .with_lock_outlives_connection(true)
             .with_tolerated_server_failures((voters - 1) / 2)
             .with_remaining_ttl(true)

@@ -188,7 +188,6 @@ impl PostgresBackend {
         let capabilities = Capabilities::new(errors::BACKEND, SafetyModel::AcidTransaction)
             .with_fencing(FencingGuarantee::Strict, [Assumption::DurableDatabase])
             .with_wake_up(WakeUp::ServerBlocking)
-            .with_fifo_fairness(false)
             .with_lock_outlives_connection(false)
             .with_tolerated_server_failures(0)
             .with_remaining_ttl(false)

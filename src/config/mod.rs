@@ -414,7 +414,9 @@ mod tests {
     fn caps_like_etcd() -> Capabilities {
         Capabilities::new("etcd", SafetyModel::Consensus)
             .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
-            .with_fifo_fairness(true)
+            .with_waiting_order(lock_core::WaitingOrder::Fifo {
+                stall: lock_core::Stall::WaiterTtl,
+            })
             .with_tolerated_server_failures(1)
     }
 

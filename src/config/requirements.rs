@@ -98,10 +98,11 @@ impl Requirements {
                 ),
             );
         }
-        if self.fifo_fair && !caps.fifo_fair {
+        if self.fifo_fair && !caps.waiting_order.is_fifo() {
             miss(
                 "waiters served in FIFO order".into(),
-                "no ordering among waiters".into(),
+                // Within a bound is not FIFO: say which the backend offers.
+                format!("waiting order: {}", caps.waiting_order),
             );
         }
         match self.lock_outlives_connection {

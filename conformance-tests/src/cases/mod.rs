@@ -9,6 +9,7 @@ mod guard;
 mod input;
 mod lifecycle;
 mod operator;
+mod order;
 mod waiting;
 
 pub use exclusion::mutual_exclusion;
@@ -27,6 +28,7 @@ pub use lifecycle::{
     try_acquire_on_held_key_is_contended,
 };
 pub use operator::operator_view_and_force_release_keep_their_promises;
+pub use order::{a_cancelled_waiter_leaves_the_line, waiters_are_granted_in_order_of_arrival};
 pub use waiting::{
     acquire_succeeds_soon_after_release, acquire_times_out_cleanly,
     cancelled_acquire_leaves_no_grant_beyond_its_ttl, dropped_attempt_gives_its_grant_back_at_once,

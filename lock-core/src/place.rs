@@ -1,0 +1,103 @@
+//! A waiter's place in a key's waiting line, and the lease that keeps it.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// How long a place in line lasts without a refresh, unless configured:
+/// short enough that a waiter that dies at the head of the line holds the
+/// others up for well under a second, long enough that a waiter refreshing
+/// every third of it is not dropped by one slow round trip.
+pub const DEFAULT_WAITER_LEASE: Duration = Duration::from_millis(400);
+
+/// The shortest waiter lease accepted: below it, the refreshes of a
+/// crowd of waiters would cost more than the handoffs they wait for.
+const MIN_WAITER_LEASE: Duration = Duration::from_millis(30);
+
+/// The longest waiter lease accepted: a dead head stalls the line this long.
+const MAX_WAITER_LEASE: Duration = Duration::from_secs(60);
+
+/// Checks a waiter lease (a backend option, `waiter_lease_ms` in URLs):
+/// whole milliseconds from 30 ms to 60 s.
+pub fn waiter_lease(lease: Duration) -> Result<Duration> {
+    if lease < MIN_WAITER_LEASE || lease > MAX_WAITER_LEASE {
+        return Err(Error::invalid(
+            "waiter_lease",
+            format!(
+                "waiter lease is {lease:?}; it must be from {MIN_WAITER_LEASE:?} to {MAX_WAITER_LEASE:?} \
+                 (a dead waiter at the head of the line stalls the others for about this long)"
+            ),
+        ));
+    }
+    if lease.subsec_nanos() % 1_000_000 != 0 {
+        return Err(Error::invalid(
+            "waiter_lease",
+            format!("waiter lease is {lease:?}; it must be whole milliseconds"),
+        ));
+    }
+    Ok(lease)
+}
+
+/// One wait's place in the line of a key, on backends whose waiting order
+/// is FIFO ([`WaitingOrder`](crate::WaitingOrder)). It stays the same
+/// across the wait's attempts, whose owner tokens change. Not a secret:
+/// it names a place in line, not a grant, and backends publish it to wake
+/// its waiter.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Place(String);
+
+impl Place {
+    /// A place of its own for a new wait: 128 random bits, in hex.
+    pub fn new() -> Self {
+        Place(crate::OwnerToken::random().to_hex())
+    }
+
+    /// The place's id, as backends store it (32 hex digits).
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Place {
+    fn default() -> Self {
+        Place::new()
+    }
+}
+
+impl fmt::Debug for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Place({})", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiter_leases_out_of_range_or_fractional_are_refused_naming_the_field() {
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(5),
+            Duration::from_secs(3600),
+            Duration::from_micros(100_500),
+        ] {
+            let err = waiter_lease(bad).unwrap_err();
+            assert!(
+                err.is_invalid_input() && err.to_string().contains("waiter_lease"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            waiter_lease(DEFAULT_WAITER_LEASE).unwrap(),
+            DEFAULT_WAITER_LEASE
+        );
+    }
+
+    #[test]
+    fn places_are_distinct() {
+        assert_ne!(Place::new(), Place::new());
+        assert_eq!(Place::new().id().len(), 32);
+    }
+}
