@@ -63,7 +63,26 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 ///   `ARGV` owner token; `A` (or `W`): `ARGV` TTL in ms, owner token;
 ///   `KEYS` lock, then its own counter unless the counter is shared;
 /// - release, `r`: `ARGV` owner token, the grant's fencing token (`0` when
-///   unknown); `KEYS` lock.
+///   unknown); `KEYS` lock;
+/// - a waiter's attempt, `q`: `ARGV` TTL in ms, owner token, the waiter's
+///   place, the place's lease in ms; `KEYS` as an acquire's;
+/// - a waiter giving up, `g`: `ARGV` its place; `KEYS` lock.
+///
+/// # The waiting line
+///
+/// A lock's waiters stand in a line beside it, in its hash slot: the list
+/// `{key}:queue` of places, head first, and the hash `{key}:leases` of
+/// each place's lease expiry, in ms of server time. Only waiters (`q`) and
+/// releases of a grant marked as waited for touch them, so an uncontended
+/// acquire and release cost what they did. A refused `q` joins the line or
+/// renews its lease. A release whose line is not empty reserves the key for
+/// the live head (value `~` and its place, until its lease would run out)
+/// and publishes the place, which wakes that waiter alone; heads whose lease
+/// ran out (waiters that died in line) are dropped on the way. The head's
+/// `q` takes the reservation; a plain acquire is refused by it, so
+/// newcomers do not pass the line. A grant that lapses by its TTL instead
+/// frees the key for whoever asks first; the line's head, woken by its next
+/// `q`, usually.
 ///
 /// [`batch_command`] writes them.
 ///
@@ -126,7 +145,7 @@ local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
 local n = #ops
 -- Checked before any operation runs, so that a malformed call writes nothing.
-if string.find(ops, '[^awAWr]') then
+if string.find(ops, '[^awAWrqg]') then
   return redis.error_reply('ERR unknown lock operation in ' .. ops)
 end
 
@@ -151,7 +170,7 @@ if shared then
   first_token = function(_, _, from)
     local left = 1
     if from < n then
-      local _, acquires = string.gsub(string.sub(ops, from), '[awAW]', '')
+      local _, acquires = string.gsub(string.sub(ops, from), '[awAWq]', '')
       left = acquires
     end
     read_clock()
@@ -203,6 +222,8 @@ if shared then k = 2 end
 for i = 1, n do
   local op = string.byte(ops, i)
   local lock = KEYS[k]
+  -- Set to a lock whose turn is to be handed to its line's next waiter.
+  local hand
   if op == 114 then
     -- r: release. A grant's value is the owner token, followed by '+' once
     -- someone is known to wait; only then is the release published, with
@@ -219,20 +240,51 @@ for i = 1, n do
     elseif value and value == owner .. '+' then
       local deleted = redis.pcall('DEL', lock)
       out[i] = deleted == 1 and 1 or error_text(deleted)
-      -- Released even when the message fails: waiters poll as a backstop.
-      redis.pcall('PUBLISH', lock .. ':released', ARGV[a + 1])
+      if deleted == 1 and redis.pcall('EXISTS', lock .. ':queue') == 1 then
+        -- Waiters in line: the turn goes to the next, who alone is woken.
+        hand = lock
+      else
+        -- Released even when the message fails: waiters poll as a backstop.
+        redis.pcall('PUBLISH', lock .. ':released', ARGV[a + 1])
+      end
     else
       out[i] = 0
     end
     k, a = k + 1, a + 2
+  elseif op == 103 then
+    -- g: the waiter at ARGV place gives up its place in the lock's line,
+    -- and the turn, if it was its own.
+    local place = ARGV[a]
+    local ok, turn = pcall(function()
+      redis.call('LREM', lock .. ':queue', 0, place)
+      redis.call('HDEL', lock .. ':leases', place)
+      if redis.call('GET', lock) == '~' .. place then
+        redis.call('DEL', lock)
+        return true
+      end
+      return false
+    end)
+    if not ok then
+      out[i] = error_text(turn)
+    else
+      out[i] = 1
+      if turn then hand = lock end
+    end
+    k, a = k + 1, a + 1
   else
     -- a, w: acquire with the batch's TTL, w when others are known to wait;
     -- A, W: the same with a TTL of their own, before the owner.
     local ttl, owner = batch_ttl, ARGV[a]
     local value = owner
+    local place, lease
     if op == 97 then
     elseif op == 119 then
       value = owner .. '+'
+    elseif op == 113 then
+      -- q: a waiter's attempt; TTL, owner, place, place's lease in ms.
+      ttl, owner, place, lease = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
+      value = owner
+      a = a + 3
     else
       -- A or W.
       a = a + 1
@@ -242,9 +294,74 @@ for i = 1, n do
     end
     local counter
     if not shared then counter = KEYS[k + 1] end
-    local holder = redis.pcall('SET', lock, value, 'NX', 'PX', ttl, 'GET')
-    local granted = not holder
-    if granted then
+    local holder, granted
+    if place then
+      -- In line: granted when the key is free and this place the live head
+      -- (or the line empty), or the key reserved for it by a release;
+      -- refused, the place joins the line or has its lease renewed.
+      local ok, answer = pcall(function()
+        local queue, leases = lock .. ':queue', lock .. ':leases'
+        read_clock()
+        local now_ms = math.floor(now / 1000)
+        local current = redis.call('GET', lock)
+        local mine = current == '~' .. place or current == owner or current == owner .. '+'
+        if not current then
+          local head
+          repeat
+            head = redis.call('LINDEX', queue, 0)
+            if not head then break end
+            local expiry = tonumber(redis.call('HGET', leases, head))
+            if expiry and expiry > now_ms then break end
+            -- A head whose lease ran out died in line: skipped.
+            redis.call('LPOP', queue)
+            redis.call('HDEL', leases, head)
+            head = nil
+          until false
+          if not head or head == place then
+            mine = true
+          else
+            -- Free, and another's turn (a grant that lapsed rather than
+            -- being released): wake that waiter.
+            redis.call('PUBLISH', lock .. ':released', head)
+          end
+        end
+        if mine then
+          redis.call('LREM', queue, 0, place)
+          redis.call('HDEL', leases, place)
+          if redis.call('LLEN', queue) > 0 then value = owner .. '+' end
+          redis.call('SET', lock, value, 'PX', ttl)
+          return true
+        end
+        if redis.call('HSET', leases, place, now_ms + lease) == 1 then
+          redis.call('RPUSH', queue, place)
+        end
+        -- The line outlives its waiters' leases by a little, never for ever.
+        local keep = lease * 3
+        if redis.call('PTTL', queue) < keep then
+          redis.call('PEXPIRE', queue, keep)
+          redis.call('PEXPIRE', leases, keep)
+        end
+        -- The holder's release is to hand the turn on (a reservation,
+        -- `~` and a place, is handed on by its waiter or its expiry).
+        if current and string.byte(current, 1) ~= 126 and string.byte(current, -1) ~= 43 then
+          redis.call('SET', lock, current .. '+', 'XX', 'KEEPTTL')
+        end
+        local left = redis.call('PTTL', lock)
+        if left < 0 then return 0 end
+        return -1 - left
+      end)
+      if not ok then
+        out[i] = error_text(answer)
+      elseif answer == true then
+        granted = true
+      else
+        out[i] = answer
+      end
+    else
+      holder = redis.pcall('SET', lock, value, 'NX', 'PX', ttl, 'GET')
+      granted = not holder
+    end
+    if granted or place then
     elseif type(holder) == 'table' then
       out[i] = holder.err
     else
@@ -258,8 +375,9 @@ for i = 1, n do
           return true
         end
         -- Refused: the holder's grant learns that someone waits; the
-        -- answer is the remaining TTL.
-        if string.byte(holder, -1) ~= 43 then
+        -- answer is the remaining TTL. A turn reserved for a waiter in line
+        -- (`~` and its place) is left as it is.
+        if string.byte(holder, -1) ~= 43 and string.byte(holder, 1) ~= 126 then
           redis.call('SET', lock, holder .. '+', 'XX', 'KEEPTTL')
         end
         return -1 - redis.call('PTTL', lock)
@@ -304,6 +422,29 @@ for i = 1, n do
     if shared then k = k + 1 else k = k + 2 end
     a = a + 1
   end
+  if hand then
+    -- The turn goes to the line's live head (heads whose lease ran out
+    -- are dropped): the key is reserved for it, `~` and its place, until
+    -- its lease would run out, and it alone is woken, by its place. A
+    -- handoff that fails leaves the turn to the waiters' polls.
+    pcall(function()
+      local queue, leases = hand .. ':queue', hand .. ':leases'
+      read_clock()
+      local now_ms = math.floor(now / 1000)
+      repeat
+        local head = redis.call('LINDEX', queue, 0)
+        if not head then return end
+        local expiry = tonumber(redis.call('HGET', leases, head))
+        if expiry and expiry > now_ms then
+          redis.call('SET', hand, '~' .. head, 'PX', expiry - now_ms)
+          redis.call('PUBLISH', hand .. ':released', head)
+          return
+        end
+        redis.call('LPOP', queue)
+        redis.call('HDEL', leases, head)
+      until false
+    end)
+  end
 end
 if n == 1 then
   if type(out[1]) == 'string' then return redis.error_reply(out[1]) end
@@ -336,14 +477,20 @@ redis.call('SET', KEYS[1], string.format('%.0f', value), 'PX', keep)
 return value
 "#;
 
-/// `KEYS[1]` lock. A waiter that has just subscribed to the lock's release
+/// `KEYS[1]` lock; `ARGV[1]`, optional, the waiter's place in line. A
+/// waiter that has just subscribed to the lock's release
 /// channel marks the grant it finds as waited for, as a refused acquire
 /// does, so that its release publishes: a grant taken meanwhile by a client
 /// that knew of no waiter would otherwise be released without a message.
-/// Returns 1 when the lock is held, 0 when it is free.
+/// Returns 1 when the lock is held, 0 when it is free, 2 when a release
+/// reserved it for the waiter's place (its turn came before it subscribed).
 pub const MARK_WAITED_FOR_LUA: &str = r#"
 local value = redis.call('GET', KEYS[1])
 if not value then return 0 end
+if string.byte(value, 1) == 126 then
+  if ARGV[1] and value == '~' .. ARGV[1] then return 2 end
+  return 1
+end
 if string.byte(value, -1) ~= 43 then
   redis.call('SET', KEYS[1], value .. '+', 'XX', 'KEEPTTL')
 end
@@ -744,6 +891,91 @@ pub async fn extend<C: ConnectionLike>(
 pub async fn mark_waited_for<C: ConnectionLike>(conn: &mut C, lock: &str) -> RedisResult<bool> {
     let held: i64 = SCRIPTS.mark_waited_for.key(lock).invoke_async(conn).await?;
     Ok(held == 1)
+}
+
+/// [`mark_waited_for`] for the waiter at `place` in the lock's line.
+/// Returns whether it must wait on: the lock is held, and not reserved for
+/// `place`.
+pub async fn mark_waited_for_place<C: ConnectionLike>(
+    conn: &mut C,
+    lock: &str,
+    place: &str,
+) -> RedisResult<bool> {
+    let held: i64 = SCRIPTS
+        .mark_waited_for
+        .key(lock)
+        .arg(place)
+        .invoke_async(conn)
+        .await?;
+    Ok(held == 1)
+}
+
+/// One attempt by the waiter at `place` in the lock's line (operation `q`
+/// of [`BATCH_LUA`]), in a call of its own: granted only when the key is
+/// free and `place` at the head of the line (or the line empty), or the
+/// key reserved for `place` by a release; otherwise `place` joins the line
+/// or renews its lease, for `lease`. Waiters are the contended path, so
+/// this does not go through a batcher.
+pub async fn acquire_in_line<C: ConnectionLike>(
+    conn: &mut C,
+    rule: &TokenRule,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    place: &str,
+    ttl: Duration,
+    lease: Duration,
+) -> RedisResult<AcquireReply> {
+    let build = |command: &str, script: &str| {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script);
+        match rule.shared_counter() {
+            Some(counter) => cmd.arg(2).arg(counter).arg(&keys.lock),
+            None => cmd.arg(2).arg(&keys.lock).arg(&keys.counter),
+        };
+        let ttl = millis(ttl);
+        cmd.arg(rule.as_arg()).arg("q").arg(ttl);
+        cmd.arg(ttl)
+            .arg(owner.to_hex())
+            .arg(place)
+            .arg(millis(lease));
+        cmd
+    };
+    let reply = run_single(conn, build).await?;
+    Ok(AcquireReply::from_reply(reply))
+}
+
+/// Takes `place` out of the lock's line (operation `g` of [`BATCH_LUA`]),
+/// handing the turn on if the key was reserved for it.
+pub async fn leave_line<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &crate::LockKeys,
+    place: &str,
+) -> RedisResult<()> {
+    let build = |command: &str, script: &str| {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script).arg(1).arg(&keys.lock);
+        cmd.arg(TokenRule::ClockFloor.as_arg())
+            .arg("g")
+            .arg(0)
+            .arg(place);
+        cmd
+    };
+    run_single(conn, build).await.map(drop)
+}
+
+/// Runs a call of [`BATCH_LUA`] with one operation, built by `build` from
+/// the command and the script (its hash, or its text after `NOSCRIPT`).
+async fn run_single<C: ConnectionLike>(
+    conn: &mut C,
+    build: impl Fn(&str, &str) -> redis::Cmd,
+) -> RedisResult<i64> {
+    let script = &SCRIPTS.batch;
+    match build("EVALSHA", script.get_hash()).query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            build("EVAL", BATCH_LUA).query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 /// Raises the key's counter to at least `value` (keeping it at least `ttl`

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use lock_core::url::ServerUrl;
 use lock_core::{
-    Assumption, Capabilities, Error, FencingGuarantee, GiveBack, Grant, HeldLock, Lease, Limits,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
-    async_trait,
+    Assumption, Capabilities, DEFAULT_WAITER_LEASE, Error, FencingGuarantee, GiveBack, Grant,
+    HeldLock, Lease, Limits, LockBackend, LockKey, LostReason, OwnerToken, Place, Result,
+    SafetyModel, Stall, WaitingOrder, WakeUp, WakeUpFuture, async_trait,
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
-use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, map_error};
+use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, TokenRule, map_error};
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
@@ -35,7 +35,11 @@ pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster", "rediss+clust
 pub struct RedisOptions {
     settings: RedisSettings,
     cluster: bool,
+    waiter_lease: Duration,
 }
+
+/// The URL option for [`RedisOptions::with_waiter_lease`].
+const WAITER_LEASE: &str = "waiter_lease_ms";
 
 impl RedisOptions {
     /// Reads a `redis://`, `rediss://`, `redis+cluster://` or
@@ -61,7 +65,11 @@ impl RedisOptions {
                 ));
             }
         };
-        let settings = RedisSettings::from_url(&parsed, tls, &[RESPONSE_TIMEOUT])?;
+        let settings = RedisSettings::from_url(&parsed, tls, &[RESPONSE_TIMEOUT, WAITER_LEASE])?;
+        let waiter_lease = match parsed.millis_param(WAITER_LEASE)? {
+            Some(lease) => lock_core::waiter_lease(lease)?,
+            None => DEFAULT_WAITER_LEASE,
+        };
         if !cluster && settings.servers.len() > 1 {
             return Err(Error::invalid(
                 "url",
@@ -77,7 +85,21 @@ impl RedisOptions {
                 format!("{parsed}: Redis Cluster has only database 0"),
             ));
         }
-        Ok(RedisOptions { settings, cluster })
+        Ok(RedisOptions {
+            settings,
+            cluster,
+            waiter_lease,
+        })
+    }
+
+    /// How long a waiter's place in line lasts without a refresh (URL
+    /// option `waiter_lease_ms`, default 400 ms): a waiter that dies at the
+    /// head of the line holds the others up for at most this long, plus a
+    /// third of it (see [`Stall`]). Waiters refresh every third of it.
+    /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
+    pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
+        self.waiter_lease = lock_core::waiter_lease(lease)?;
+        Ok(self)
     }
 
     /// Puts locks under `prefix` instead of the URL's (default `lockkit:`).
@@ -110,6 +132,10 @@ struct Inner {
     batcher: Option<Batcher>,
     settings: RedisSettings,
     cluster: bool,
+    /// How long a waiter's place in line lasts without a refresh.
+    waiter_lease: Duration,
+    /// How the waiters' own attempts take tokens: as the batcher's do.
+    rule: TokenRule,
     /// The endpoint named in errors: the server, or the cluster's seed list.
     endpoint: String,
     wakeups: Wakeups,
@@ -142,7 +168,11 @@ impl RedisBackend {
 
     /// Connects with explicit options.
     pub async fn connect_with(options: RedisOptions) -> Result<RedisBackend> {
-        let RedisOptions { settings, cluster } = options;
+        let RedisOptions {
+            settings,
+            cluster,
+            waiter_lease,
+        } = options;
         let backend = if cluster { "redis-cluster" } else { "redis" };
         let conn = Conn::open(backend, &settings, cluster).await?;
         let endpoint = if cluster {
@@ -156,9 +186,17 @@ impl RedisBackend {
             }
             Conn::Cluster(_) => None,
         };
+        let capabilities = capabilities(backend, cluster, waiter_lease);
         let capabilities = match eviction::lock_key_eviction(&conn, &settings, &endpoint).await {
-            Some(servers) => capabilities(backend, cluster).with_lock_key_eviction(servers),
-            None => capabilities(backend, cluster),
+            Some(servers) => capabilities.with_lock_key_eviction(servers),
+            None => capabilities,
+        };
+        let rule = if cluster {
+            TokenRule::ClockFloor
+        } else {
+            TokenRule::SharedClockFloor {
+                counter: settings.layout.shared_counter().into(),
+            }
         };
         let inner = Inner {
             conn,
@@ -168,6 +206,8 @@ impl RedisBackend {
             endpoint,
             settings,
             cluster,
+            waiter_lease,
+            rule,
         };
         Ok(RedisBackend {
             inner: Arc::new(inner),
@@ -278,7 +318,7 @@ impl RedisBackend {
                 reply
             }
             None => {
-                let give_back = GiveBack::armed(|| self.give_back_on_cluster(&keys, owner));
+                let give_back = GiveBack::armed(|| self.give_back_by_conn(&keys, owner));
                 let conn = &mut self.inner.conn.clone();
                 let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
                 // As on one server: an error gives the acquire back too.
@@ -288,13 +328,14 @@ impl RedisBackend {
         }
     }
 
-    /// Releases, in a task of its own, what an acquire on the cluster may
-    /// hold. There is no batcher to keep the order: the release is handed
-    /// to the cluster client after the acquire was, and the client sends
-    /// both to the key's node in that order unless it retries the acquire
-    /// (after a lost connection or a redirect); a retried acquire may land
-    /// after the release, and then its TTL bounds the grant.
-    fn give_back_on_cluster(&self, keys: &LockKeys, owner: &OwnerToken) {
+    /// Releases, in a task of its own, what an acquire sent on the shared
+    /// connection (on a cluster, or a waiter's attempt) may hold. There is
+    /// no batcher to keep the order: the release is handed to the client
+    /// after the acquire was, and the client sends both in that order
+    /// unless it retries the acquire (after a lost connection or a
+    /// redirect); a retried acquire may land after the release, and then
+    /// its TTL bounds the grant.
+    fn give_back_by_conn(&self, keys: &LockKeys, owner: &OwnerToken) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -321,7 +362,7 @@ impl RedisBackend {
     }
 }
 
-fn capabilities(backend: &'static str, cluster: bool) -> Capabilities {
+fn capabilities(backend: &'static str, cluster: bool, waiter_lease: Duration) -> Capabilities {
     // Tokens are max(counter + 1, server clock in µs): a lost counter
     // (restart without persistence, old snapshot, failover) falls back to the
     // clock, on a cluster to the clock of whichever node now serves the key.
@@ -337,6 +378,9 @@ fn capabilities(backend: &'static str, cluster: bool) -> Capabilities {
         .with_fencing(FencingGuarantee::Strict, fencing.iter().copied())
         .with_exclusion_resting_on([Assumption::ServerEvictsNoLockKeys])
         .with_wake_up(WakeUp::PubSub)
+        .with_waiting_order(WaitingOrder::Fifo {
+            stall: Stall::WaiterLease(waiter_lease),
+        })
         .with_remaining_ttl(true)
         .with_lock_outlives_connection(true)
         .with_tolerated_server_failures(0)
@@ -366,6 +410,62 @@ impl LockBackend for RedisBackend {
                 remaining,
             }),
         }
+    }
+
+    async fn try_acquire_queued(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        place: &Place,
+    ) -> Result<Grant> {
+        let inner = &self.inner;
+        let keys = inner.settings.layout.keys(key.as_str());
+        // Sent on the shared connection, not the batcher: a dropped attempt
+        // is given back behind it on that connection (see `give_back_by_conn`).
+        let give_back = GiveBack::armed(|| self.give_back_by_conn(&keys, owner));
+        let reply = scripts::acquire_in_line(
+            &mut inner.conn.clone(),
+            &inner.rule,
+            &keys,
+            owner,
+            place.id(),
+            ttl,
+            inner.waiter_lease,
+        )
+        .await;
+        give_back.disarm_if_answered(&reply);
+        match reply.map_err(|e| self.error(e))? {
+            AcquireReply::Granted(token) => Ok(Grant::new(token)),
+            AcquireReply::Contended(remaining) => Err(Error::Contended {
+                key: key.to_string(),
+                remaining,
+            }),
+        }
+    }
+
+    async fn on_turn(&self, key: &LockKey, place: &Place) -> Option<WakeUpFuture> {
+        let keys = self.inner.settings.layout.keys(key.as_str());
+        Some(self.inner.wakeups.on_turn(
+            keys.channel,
+            keys.lock,
+            place.id().to_owned(),
+            self.inner.conn.clone(),
+        ))
+    }
+
+    fn leave_queue(&self, key: &LockKey, place: &Place) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        let (keys, place) = (inner.settings.layout.keys(key.as_str()), place.clone());
+        runtime.spawn(async move {
+            if let Err(e) = scripts::leave_line(&mut inner.conn.clone(), &keys, place.id()).await {
+                let error = map_error(inner.capabilities.backend, &inner.endpoint, e);
+                tracing::debug!(%error, "could not leave the waiting line; the place's lease bounds it");
+            }
+        });
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
@@ -420,7 +520,11 @@ mod tests {
 
     #[test]
     fn cluster_tokens_also_rest_on_the_replicas_clocks() {
-        let rests_on = |cluster| capabilities("x", cluster).fencing.rests_on;
+        let rests_on = |cluster| {
+            capabilities("x", cluster, DEFAULT_WAITER_LEASE)
+                .fencing
+                .rests_on
+        };
         assert_eq!(rests_on(false), [Assumption::ServerClockNeverStepsBack]);
         assert!(rests_on(true).contains(&Assumption::ReplicaClocksAgree));
     }

@@ -19,6 +19,11 @@
 //! subscription in line with the waiters: on while any waits, off once none
 //! does. A waiter's next round registers before the task gets to run, so one
 //! acquire keeps its subscription across rounds.
+//!
+//! A waiter in the lock's waiting line registers with its place: a release
+//! that hands it the turn publishes that place, and wakes it alone, in
+//! whichever process it waits. A place of another process's waiter wakes
+//! no one here.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,8 +60,11 @@ struct Shared {
 }
 
 struct Channel {
-    /// Wakes one waiter per release message on the channel.
+    /// Wakes one waiter per release message on the channel that names no
+    /// place in line.
     notify: Arc<Notify>,
+    /// Per place in line of a waiter of ours, what wakes it on its turn.
+    turns: HashMap<String, Arc<Notify>>,
     waiters: usize,
     /// The server may hold a subscription: set before SUBSCRIBE goes out,
     /// cleared only once UNSUBSCRIBE is answered.
@@ -122,7 +130,7 @@ impl Wakeups {
         lock_key: String,
         mut conn: Conn,
     ) -> WakeUpFuture {
-        let waiter = Waiter::register(&self.shared, channel);
+        let waiter = Waiter::register(&self.shared, channel, None);
         Box::pin(async move {
             let notified = waiter.notify.notified();
             tokio::pin!(notified);
@@ -141,6 +149,54 @@ impl Wakeups {
             notified.await;
         })
     }
+}
+
+impl Wakeups {
+    /// A future that completes when it is the turn of the waiter at `place`
+    /// in the line of `lock_key` (a release published its place), or on a
+    /// release message that names no place (a force release, a release
+    /// that found no line), or when the lock is found free or reserved for
+    /// `place` once subscribed.
+    pub(crate) fn on_turn(
+        &self,
+        channel: String,
+        lock_key: String,
+        place: String,
+        mut conn: Conn,
+    ) -> WakeUpFuture {
+        let waiter = Waiter::register(&self.shared, channel, Some(place.clone()));
+        Box::pin(async move {
+            let Some(turn) = waiter.turn.as_ref() else {
+                return;
+            };
+            let notified = waiter.notify.notified();
+            let my_turn = turn.notified();
+            tokio::pin!(notified, my_turn);
+            notified.as_mut().enable();
+            my_turn.as_mut().enable();
+            if !waiter.subscribed().await {
+                // As in `on_release`: a message handed to this waiter is
+                // passed on rather than kept until its poll.
+                notified.set(waiter.notify.notified());
+                return std::future::pending().await;
+            }
+            match scripts::mark_waited_for_place(&mut conn, &lock_key, &place).await {
+                Ok(false) => return,
+                Ok(true) => {}
+                Err(e) => tracing::debug!(error = %e, "checking the lock after subscribing failed"),
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = my_turn => {}
+            }
+        })
+    }
+}
+
+/// Whether a release message names a place in line (32 hex digits) rather
+/// than a fencing token (decimal, at most 16 digits) or a force release.
+fn names_a_place(message: &str) -> bool {
+    message.len() == 32
 }
 
 /// The first delay before retrying a failed UNSUBSCRIBE (doubling up to
@@ -289,12 +345,22 @@ async fn dispatch(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<PushInfo
         let channels = lock(&shared.channels);
         match push.kind {
             PushKind::Message => {
-                let channel = push
-                    .data
-                    .first()
-                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok());
-                if let Some(c) = channel.and_then(|name| channels.get(&name)) {
-                    c.notify.notify_one();
+                let text = |i: usize| {
+                    push.data
+                        .get(i)
+                        .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                };
+                if let Some(c) = text(0).and_then(|name| channels.get(&name)) {
+                    match text(1) {
+                        // The turn of a waiter in line: it alone is woken,
+                        // and only in the process where it waits.
+                        Some(place) if names_a_place(&place) => {
+                            if let Some(turn) = c.turns.get(&place) {
+                                turn.notify_one();
+                            }
+                        }
+                        _ => c.notify.notify_one(),
+                    }
                 }
             }
             PushKind::Disconnection => {
@@ -318,12 +384,16 @@ struct Waiter {
     shared: Arc<Shared>,
     channel: String,
     notify: Arc<Notify>,
+    /// The waiter's place in line, and what wakes it on its turn.
+    place: Option<String>,
+    turn: Option<Arc<Notify>>,
 }
 
 impl Waiter {
-    fn register(shared: &Arc<Shared>, channel: String) -> Waiter {
+    fn register(shared: &Arc<Shared>, channel: String, place: Option<String>) -> Waiter {
         let mut channels = lock(&shared.channels);
         let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
+            turns: HashMap::new(),
             notify: Arc::new(Notify::new()),
             waiters: 0,
             on_server: false,
@@ -332,10 +402,19 @@ impl Waiter {
         });
         entry.waiters += 1;
         let notify = entry.notify.clone();
+        let turn = place.as_ref().map(|place| {
+            entry
+                .turns
+                .entry(place.clone())
+                .or_insert_with(|| Arc::new(Notify::new()))
+                .clone()
+        });
         Waiter {
             shared: shared.clone(),
             channel,
             notify,
+            place,
+            turn,
         }
     }
 
@@ -378,6 +457,17 @@ impl Drop for Waiter {
             return;
         };
         c.waiters -= 1;
+        if let Some(place) = &self.place {
+            // The wait loop registers its next round before this one is
+            // dropped: the place's entry goes only with its last round.
+            if self
+                .turn
+                .as_ref()
+                .is_some_and(|t| Arc::strong_count(t) <= 2)
+            {
+                c.turns.remove(place);
+            }
+        }
         if c.waiters > 0 || c.syncing {
             return;
         }
