@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use lock_core::{Backoff, Error, LockBackend, Locker, LockerOptions};
-use lock_redis::RedisBackend;
+use lock_redis::{RedisBackend, RedisOptions};
 use lock_testkit::RedisServer;
 use tokio::time::{Instant, timeout};
 
@@ -96,7 +96,13 @@ async fn only_a_release_someone_waits_for_is_published() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
     let server = RedisServer::start().expect("start redis");
-    let backend = connect(&server).await;
+    // Places in line renewed every 20 s: no renewal within the test, so
+    // every refused attempt counted is a waiter's own.
+    let options = RedisOptions::from_url(&server.url())
+        .unwrap()
+        .with_waiter_lease(Duration::from_secs(60))
+        .unwrap();
+    let backend = RedisBackend::connect_with(options).await.unwrap();
     // Polls at most every 10 s (at least 5 s for the first): a handoff well
     // under that came from the release message.
     let poll = Backoff {
@@ -110,7 +116,8 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
     let held = locker.try_acquire("handoff", TTL).await.unwrap();
     // Attempts share script calls (see the batcher), so they are counted
     // by what only a refused one runs: `PTTL`, for the holder's remaining
-    // TTL.
+    // TTL; once, or twice for an attempt in line (which also reads the
+    // line's own expiry).
     let refused_before = command_calls(&server, "pttl");
     let reads_before = command_calls(&server, "get");
 
@@ -127,13 +134,14 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
             })
         })
         .collect();
-    // Every waiter has tried twice (before and after subscribing), lost,
-    // is subscribed, and has checked the lock once subscribed: until the
-    // release, only that check reads the lock with `GET`.
+    // Every waiter has tried twice (before and after subscribing: the
+    // second takes its place in line), lost, is subscribed, and has checked
+    // the lock once subscribed: until the release, only those places and
+    // that check read the lock with `GET`.
     timeout(Duration::from_secs(20), async {
         while subscribers(&server) != 1
-            || command_calls(&server, "pttl") < refused_before + 6
-            || command_calls(&server, "get") < reads_before + 3
+            || command_calls(&server, "pttl") < refused_before + 9
+            || command_calls(&server, "get") < reads_before + 6
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -160,11 +168,11 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
             woke - released
         );
     }
-    // Each release woke one waiter, which took the lock: no attempt was
-    // refused after the release (a herd).
+    // Each release woke one waiter, the head of the line, which took the
+    // lock: no attempt was refused after the release (a herd).
     assert_eq!(
         command_calls(&server, "pttl") - refused_before,
-        6,
+        9,
         "a release woke more than one waiter"
     );
     // The last waiter gone, the channel is unsubscribed.
@@ -376,6 +384,26 @@ async fn waits_that_end_before_their_subscription_is_answered_leave_no_channel_s
         left.is_ok(),
         "{} release channels stay subscribed with no waiter left",
         release_channels(&server)
+    );
+    // Nor does a wait that ended early leave a place in any lock's line.
+    let lines = || {
+        server
+            .cli(&["KEYS", "lockkit:*:queue"])
+            .unwrap()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count()
+    };
+    let left = timeout(Duration::from_secs(20), async {
+        while lines() != 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        left.is_ok(),
+        "{} waiting lines stay with no waiter left",
+        lines()
     );
     drop(backend);
 }
