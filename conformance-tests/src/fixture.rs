@@ -45,6 +45,9 @@ pub struct Fixture {
     /// How to remove a grant behind its holder's back.
     pub sabotage: Box<dyn Sabotage>,
     prefix: String,
+    /// The backend's URL, for a waiter in a process of its own.
+    url: Option<String>,
+    waiter_binary: Option<String>,
 }
 
 impl Fixture {
@@ -57,7 +60,31 @@ impl Fixture {
             other,
             sabotage: Box::new(sabotage),
             prefix: format!("conformance-{random:016x}/"),
+            url: None,
+            waiter_binary: None,
         }
+    }
+
+    /// The URL the lockers connect to: cases that need a waiter in a
+    /// process of its own (one they kill) run only with it.
+    pub fn with_url(mut self, url: &str) -> Self {
+        self.url = Some(url.to_owned());
+        self
+    }
+
+    /// Where the `conformance-waiter` binary is (set by the suite's macro).
+    pub fn with_waiter_binary(mut self, path: &str) -> Self {
+        self.waiter_binary = Some(path.to_owned());
+        self
+    }
+
+    /// The command that starts a waiter for `key` in a process of its own,
+    /// when the fixture has a URL.
+    pub(crate) fn waiter_process(&self, key: &str) -> Option<std::process::Command> {
+        let (url, binary) = (self.url.as_ref()?, self.waiter_binary.as_ref()?);
+        let mut command = std::process::Command::new(binary);
+        command.arg(url).arg(key);
+        Some(command)
     }
 
     /// A key unique to this run.

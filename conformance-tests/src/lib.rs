@@ -5,6 +5,8 @@ mod fixture;
 mod waiting_signal;
 
 pub use fixture::{Fixture, ForceRelease, Sabotage, server_url, unique_key};
+#[doc(hidden)]
+pub use waiting_signal::waiting_signal;
 
 /// Stamps every conformance case as a `#[tokio::test]` for one backend.
 ///
@@ -35,6 +37,7 @@ macro_rules! conformance_suite {
             dropped_attempt_gives_its_grant_back_at_once,
             waiters_are_granted_in_order_of_arrival,
             a_cancelled_waiter_leaves_the_line,
+            a_waiter_killed_in_line_stalls_the_next_no_longer_than_the_bound,
             guard_keeps_the_lock_across_ttls,
             guard_reports_loss_when_the_grant_is_removed,
             dropped_guard_frees_the_lock,
@@ -49,6 +52,8 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 let Some(fixture) = $fixture().await else { return };
+                // A waiter in a process of its own, for the case that kills one.
+                let fixture = fixture.with_waiter_binary(env!("CARGO_BIN_EXE_conformance-waiter"));
                 $crate::cases::$case(&fixture).await;
             }
         )*

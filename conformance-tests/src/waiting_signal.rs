@@ -71,7 +71,7 @@ impl Visit for KeyField {
 
 /// What turns true once a waiter for `key` has started to wait. Panics if
 /// the process has another global subscriber (no conformance binary does).
-pub(crate) fn waiting_signal(key: &str) -> watch::Receiver<bool> {
+pub fn waiting_signal(key: &str) -> watch::Receiver<bool> {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         let signal = Signal {

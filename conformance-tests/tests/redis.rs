@@ -8,11 +8,14 @@ use lock_redis::RedisBackend;
 async fn fixture() -> Option<Fixture> {
     let url = server_url("LOCKKIT_REDIS_URL")?;
     let connect = || async { Locker::new(RedisBackend::connect(&url).await.expect("connect")) };
-    Some(Fixture::new(
-        connect().await,
-        connect().await,
-        ForceRelease(connect().await),
-    ))
+    Some(
+        Fixture::new(
+            connect().await,
+            connect().await,
+            ForceRelease(connect().await),
+        )
+        .with_url(&url),
+    )
 }
 
 conformance_suite!(fixture);

@@ -18,11 +18,14 @@ async fn fixture() -> Option<Fixture> {
                 .expect("connect"),
         )
     };
-    Some(Fixture::new(
-        connect().await,
-        connect().await,
-        ForceRelease(connect().await),
-    ))
+    Some(
+        Fixture::new(
+            connect().await,
+            connect().await,
+            ForceRelease(connect().await),
+        )
+        .with_url(&url),
+    )
 }
 
 conformance_suite!(fixture);

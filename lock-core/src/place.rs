@@ -30,7 +30,7 @@ pub fn waiter_lease(lease: Duration) -> Result<Duration> {
             ),
         ));
     }
-    if lease.subsec_nanos() % 1_000_000 != 0 {
+    if !lease.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(Error::invalid(
             "waiter_lease",
             format!("waiter lease is {lease:?}; it must be whole milliseconds"),

@@ -28,7 +28,11 @@ pub use lifecycle::{
     try_acquire_on_held_key_is_contended,
 };
 pub use operator::operator_view_and_force_release_keep_their_promises;
-pub use order::{a_cancelled_waiter_leaves_the_line, waiters_are_granted_in_order_of_arrival};
+pub use order::{
+    a_cancelled_waiter_leaves_the_line,
+    a_waiter_killed_in_line_stalls_the_next_no_longer_than_the_bound,
+    waiters_are_granted_in_order_of_arrival,
+};
 pub use waiting::{
     acquire_succeeds_soon_after_release, acquire_times_out_cleanly,
     cancelled_acquire_leaves_no_grant_beyond_its_ttl, dropped_attempt_gives_its_grant_back_at_once,

@@ -122,3 +122,60 @@ pub async fn a_cancelled_waiter_leaves_the_line(fx: &Fixture) {
         "the next waiter was granted {handoff:?} after the release: the cancelled waiter kept its place"
     );
 }
+
+/// How much later than the stated bound the next grant may come on a slow
+/// machine: a few round trips and a scheduler's delay.
+const KILL_SLACK: Duration = Duration::from_millis(500);
+
+/// A waiter killed (SIGKILL, a process of its own) at the head of the line
+/// holds up the next waiter's grant for no longer than the backend's
+/// stated bound ([`Stall::bound`]), plus [`KILL_SLACK`]. Runs where the
+/// fixture has a URL and places in line have a lease.
+pub async fn a_waiter_killed_in_line_stalls_the_next_no_longer_than_the_bound(fx: &Fixture) {
+    let Some(bound) = fx
+        .locker
+        .capabilities()
+        .waiting_order
+        .stall()
+        .and_then(|s| s.bound())
+    else {
+        return;
+    };
+    let key = fx.key("killed-in-line");
+    let Some(mut command) = fx.waiter_process(&key) else {
+        return;
+    };
+    let holder = fx
+        .locker
+        .try_acquire(&key, LONG_TTL)
+        .await
+        .expect("holder's grant");
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the waiter process");
+    let stdout = child.stdout.take().expect("the waiter's output");
+    let said = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+    });
+    let said = within(LONG_TTL, "the waiter process waits", said)
+        .await
+        .expect("reading the waiter's output")
+        .expect("the waiter's output");
+    assert_eq!(said.trim(), "waiting", "the waiter process did not wait");
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let next = start_waiter(&fx.other, &key, 1, &granted).await;
+    child.kill().expect("kill the waiter process");
+    child.wait().expect("reap the waiter process");
+    let released_at = Instant::now();
+    fx.locker.release(holder).await.expect("release");
+    within(LONG_TTL, "the next waiter's grant", next)
+        .await
+        .expect("waiter task");
+    let stalled = released_at.elapsed();
+    assert!(
+        stalled <= bound + KILL_SLACK,
+        "a waiter killed in line held the next one up for {stalled:?}; the stated bound is {bound:?}"
+    );
+}
