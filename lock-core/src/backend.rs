@@ -114,6 +114,17 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         self.on_release(key).await
     }
 
+    /// Whether the backend keeps its waiters' places in line alive itself
+    /// (renewing their leases) and hands a free key to the line's head
+    /// without their asking, re-sending a wake-up its waiter may have
+    /// missed. Its waiters then ask again only as a last resort, so a crowd
+    /// costs the server no more per handoff than a few waiters. The default
+    /// is no: waiters renew their places by asking, every third of the
+    /// waiter lease.
+    fn keeps_places(&self) -> bool {
+        false
+    }
+
     /// Takes `place` out of the line of `key` (its waiter gave up), handing
     /// the turn on if it was its own. Must not block: it runs when a wait
     /// is dropped, so it sends in the background. Where it cannot be sent,

@@ -114,6 +114,12 @@ async fn attempt_in_line<B: LockBackend + ?Sized>(
     Ok(grant)
 }
 
+/// How many times [`Backoff::max`] a waiter in a line its backend keeps
+/// (see [`LockBackend::keeps_places`]) waits before asking again on its
+/// own (2 s by default): only as a last resort, since the backend wakes it
+/// on its turn and covers a missed wake-up and a dead head itself.
+const KEPT_PLACE_BACKSTOP: u32 = 8;
+
 /// The default waiting strategy: attempt; on contention subscribe to
 /// release messages, attempt again, and sleep until a message, the backoff delay, the holder's
 /// reported expiry or the end of the wait, whichever comes first.
@@ -128,6 +134,15 @@ async fn attempt_in_line<B: LockBackend + ?Sized>(
 /// retry, but a connection that fails and reconnects in between can deliver
 /// it after the retry's grant. Under the same owner it would end that
 /// grant; under another it finds nothing of its own.
+///
+/// On a backend that keeps a waiting line (its
+/// [`WaitingOrder`](crate::WaitingOrder) has a waiter lease), the attempts
+/// after the first take one [`Place`] in line, the same for the whole
+/// wait, and wait for its turn ([`LockBackend::on_turn`]). They come at
+/// least every third of the waiter lease, which keeps the place, unless
+/// the backend keeps it ([`LockBackend::keeps_places`]); and a wait that
+/// ends without a grant (it ran out, failed or was dropped) leaves the
+/// line at once ([`LockBackend::leave_queue`]).
 pub async fn poll_until_granted<B: LockBackend + ?Sized>(
     backend: &B,
     key: &LockKey,
@@ -142,6 +157,7 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
     let mut fresh: Option<OwnerToken> = None;
     let waiter_lease = backend.capabilities().waiting_order.waiter_lease();
     let place = waiter_lease.map(|_| Place::new());
+    let kept = place.is_some() && backend.keeps_places();
     // Armed once the place may be in line: the first uncontended attempt
     // takes none, so it has nothing to leave.
     let mut in_line = None;
@@ -193,9 +209,17 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
             tracing::debug!(target: WAITING_EVENT_TARGET, key = %key, "waiting");
         }
         let mut delay = wait.backoff.delay(tries).min(wait.until - now);
-        if let Some(lease) = waiter_lease {
+        match waiter_lease {
+            Some(_) if kept && in_line.is_some() => {
+                delay = wait
+                    .backoff
+                    .max
+                    .saturating_mul(KEPT_PLACE_BACKSTOP)
+                    .min(wait.until - now);
+            }
             // Keeps the place, and looks past a head that died in line.
-            delay = delay.min(lease / 3);
+            Some(lease) => delay = delay.min(lease / 3),
+            None => {}
         }
         if let Some(remaining) = hint {
             // The holder's grant ends by then unless renewed; 1 ms covers rounding.

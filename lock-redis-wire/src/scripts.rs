@@ -65,24 +65,30 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// - release, `r`: `ARGV` owner token, the grant's fencing token (`0` when
 ///   unknown); `KEYS` lock;
 /// - a waiter's attempt, `q`: `ARGV` TTL in ms, owner token, the waiter's
-///   place, the place's lease in ms; `KEYS` as an acquire's;
-/// - a waiter giving up, `g`: `ARGV` its place; `KEYS` lock.
+///   place (its client's session, then its own id), the client's lease in
+///   ms; `KEYS` as an acquire's;
+/// - a waiter giving up, `g`: `ARGV` its place; `KEYS` lock;
+/// - a client keeping its places, `k`: `ARGV` its session, the lease in ms;
+///   `KEYS` lock.
 ///
 /// # The waiting line
 ///
 /// A lock's waiters stand in a line beside it, in its hash slot: the list
 /// `{key}:queue` of places, head first, and the hash `{key}:leases` of
-/// each place's lease expiry, in ms of server time. Only waiters (`q`) and
-/// releases of a grant marked as waited for touch them, so an uncontended
-/// acquire and release cost what they did. A refused `q` joins the line or
-/// renews its lease. A release whose line is not empty reserves the key for
-/// the live head (value `~` and its place, until its lease would run out)
-/// and publishes the place, which wakes that waiter alone; heads whose lease
-/// ran out (waiters that died in line) are dropped on the way. The head's
-/// `q` takes the reservation; a plain acquire is refused by it, so
-/// newcomers do not pass the line. A grant that lapses by its TTL instead
-/// frees the key for whoever asks first; the line's head, woken by its next
-/// `q`, usually.
+/// the lease expiry, in ms of server time, of each client with places in
+/// it (a place is its client's session, 32 characters, then its own id).
+/// A client renews its lease for all its waiters of the lock at once
+/// (`k`), so the cost of keeping the line does not grow with the waiters.
+/// Only waiters and releases of a grant marked as waited for touch the
+/// line, so an uncontended acquire and release cost what they did. A
+/// refused `q` joins the line. A release whose line is not empty reserves
+/// the key for the live head (value `~` and its place, until its client's
+/// lease would run out) and publishes the place, which wakes that waiter
+/// alone; heads whose client's lease ran out (a client that died) are
+/// dropped on the way. The head's `q` takes the reservation; a plain
+/// acquire is refused by it, so newcomers do not pass the line. A grant
+/// that lapses by its TTL instead frees the key for whoever asks first;
+/// the next `k` hands it to the line's head if nobody did.
 ///
 /// [`batch_command`] writes them.
 ///
@@ -145,7 +151,7 @@ local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
 local n = #ops
 -- Checked before any operation runs, so that a malformed call writes nothing.
-if string.find(ops, '[^awAWrqg]') then
+if string.find(ops, '[^awAWrqgk]') then
   return redis.error_reply('ERR unknown lock operation in ' .. ops)
 end
 
@@ -257,7 +263,6 @@ for i = 1, n do
     local place = ARGV[a]
     local ok, turn = pcall(function()
       redis.call('LREM', lock .. ':queue', 0, place)
-      redis.call('HDEL', lock .. ':leases', place)
       if redis.call('GET', lock) == '~' .. place then
         redis.call('DEL', lock)
         return true
@@ -271,6 +276,37 @@ for i = 1, n do
       if turn then hand = lock end
     end
     k, a = k + 1, a + 1
+  elseif op == 107 then
+    -- k: a client keeps its places in the lock's line: ARGV its session,
+    -- the lease in ms. Renews the session's lease; hands the turn on when
+    -- the key is free (a grant that lapsed, a head that died in line);
+    -- wakes the client's own waiter again when the key is reserved for it
+    -- (a wake-up message it may have missed).
+    local session, lease = ARGV[a], tonumber(ARGV[a + 1])
+    local ok, e = pcall(function()
+      local queue, leases = lock .. ':queue', lock .. ':leases'
+      read_clock()
+      redis.call('HSET', leases, session, math.floor(now / 1000) + lease)
+      local keep = lease * 3
+      if redis.call('PTTL', queue) < keep then
+        redis.call('PEXPIRE', queue, keep)
+        redis.call('PEXPIRE', leases, keep)
+      end
+      local current = redis.call('GET', lock)
+      if not current then
+        if redis.call('EXISTS', queue) == 1 then return true end
+      elseif string.sub(current, 1, 33) == '~' .. session then
+        redis.call('PUBLISH', lock .. ':released', string.sub(current, 2))
+      end
+      return false
+    end)
+    if not ok then
+      out[i] = error_text(e)
+    else
+      out[i] = 1
+      if e then hand = lock end
+    end
+    k, a = k + 1, a + 2
   else
     -- a, w: acquire with the batch's TTL, w when others are known to wait;
     -- A, W: the same with a TTL of their own, before the owner.
@@ -281,7 +317,8 @@ for i = 1, n do
     elseif op == 119 then
       value = owner .. '+'
     elseif op == 113 then
-      -- q: a waiter's attempt; TTL, owner, place, place's lease in ms.
+      -- q: a waiter's attempt; TTL, owner, place (its client's session,
+      -- 32 characters, then its own), the session's lease in ms.
       ttl, owner, place, lease = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
       value = owner
       a = a + 3
@@ -310,11 +347,10 @@ for i = 1, n do
           repeat
             head = redis.call('LINDEX', queue, 0)
             if not head then break end
-            local expiry = tonumber(redis.call('HGET', leases, head))
+            local expiry = tonumber(redis.call('HGET', leases, string.sub(head, 1, 32)))
             if expiry and expiry > now_ms then break end
-            -- A head whose lease ran out died in line: skipped.
+            -- A head whose client's lease ran out died in line: skipped.
             redis.call('LPOP', queue)
-            redis.call('HDEL', leases, head)
             head = nil
           until false
           if not head or head == place then
@@ -327,12 +363,12 @@ for i = 1, n do
         end
         if mine then
           redis.call('LREM', queue, 0, place)
-          redis.call('HDEL', leases, place)
           if redis.call('LLEN', queue) > 0 then value = owner .. '+' end
           redis.call('SET', lock, value, 'PX', ttl)
           return true
         end
-        if redis.call('HSET', leases, place, now_ms + lease) == 1 then
+        redis.call('HSET', leases, string.sub(place, 1, 32), now_ms + lease)
+        if not redis.call('LPOS', queue, place) then
           redis.call('RPUSH', queue, place)
         end
         -- The line outlives its waiters' leases by a little, never for ever.
@@ -434,14 +470,13 @@ for i = 1, n do
       repeat
         local head = redis.call('LINDEX', queue, 0)
         if not head then return end
-        local expiry = tonumber(redis.call('HGET', leases, head))
+        local expiry = tonumber(redis.call('HGET', leases, string.sub(head, 1, 32)))
         if expiry and expiry > now_ms then
           redis.call('SET', hand, '~' .. head, 'PX', expiry - now_ms)
           redis.call('PUBLISH', hand .. ':released', head)
           return
         end
         redis.call('LPOP', queue)
-        redis.call('HDEL', leases, head)
       until false
     end)
   end
@@ -914,7 +949,8 @@ pub async fn mark_waited_for_place<C: ConnectionLike>(
 /// of [`BATCH_LUA`]), in a call of its own: granted only when the key is
 /// free and `place` at the head of the line (or the line empty), or the
 /// key reserved for `place` by a release; otherwise `place` joins the line
-/// or renews its lease, for `lease`. Waiters are the contended path, so
+/// (if it is not in it) and its client's lease is renewed, for `lease`.
+/// `place` is the client's session (32 characters), then the waiter's id. Waiters are the contended path, so
 /// this does not go through a batcher.
 pub async fn acquire_in_line<C: ConnectionLike>(
     conn: &mut C,
@@ -942,6 +978,24 @@ pub async fn acquire_in_line<C: ConnectionLike>(
     };
     let reply = run_single(conn, build).await?;
     Ok(AcquireReply::from_reply(reply))
+}
+
+/// Renews the lease of a client's places in the lock's line and hands a
+/// free key to the line's head (operation `k` of [`BATCH_LUA`]).
+pub async fn keep_line<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &crate::LockKeys,
+    session: &str,
+    lease: Duration,
+) -> RedisResult<()> {
+    let build = |command: &str, script: &str| {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script).arg(1).arg(&keys.lock);
+        cmd.arg(TokenRule::ClockFloor.as_arg()).arg("k").arg(0);
+        cmd.arg(session).arg(millis(lease));
+        cmd
+    };
+    run_single(conn, build).await.map(drop)
 }
 
 /// Takes `place` out of the lock's line (operation `g` of [`BATCH_LUA`]),

@@ -2,6 +2,7 @@
 
 mod connection;
 mod eviction;
+mod line;
 mod view;
 mod wake;
 
@@ -20,6 +21,7 @@ use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, TokenRule, map_er
 pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
+use crate::line::Lines;
 pub use crate::view::LockReport;
 use crate::wake::Wakeups;
 
@@ -132,8 +134,8 @@ struct Inner {
     batcher: Option<Batcher>,
     settings: RedisSettings,
     cluster: bool,
-    /// How long a waiter's place in line lasts without a refresh.
-    waiter_lease: Duration,
+    /// This client's places in the locks' waiting lines, kept.
+    lines: Lines,
     /// How the waiters' own attempts take tokens: as the batcher's do.
     rule: TokenRule,
     /// The endpoint named in errors: the server, or the cluster's seed list.
@@ -199,14 +201,14 @@ impl RedisBackend {
             }
         };
         let inner = Inner {
-            conn,
+            lines: Lines::new(conn.clone(), waiter_lease, backend, &endpoint),
             batcher,
             wakeups: Wakeups::new(&settings),
             capabilities,
             endpoint,
+            conn,
             settings,
             cluster,
-            waiter_lease,
             rule,
         };
         Ok(RedisBackend {
@@ -421,6 +423,7 @@ impl LockBackend for RedisBackend {
     ) -> Result<Grant> {
         let inner = &self.inner;
         let keys = inner.settings.layout.keys(key.as_str());
+        let entry = inner.lines.entry(place);
         // Sent on the shared connection, not the batcher: a dropped attempt
         // is given back behind it on that connection (see `give_back_by_conn`).
         let give_back = GiveBack::armed(|| self.give_back_by_conn(&keys, owner));
@@ -429,18 +432,28 @@ impl LockBackend for RedisBackend {
             &inner.rule,
             &keys,
             owner,
-            place.id(),
+            &entry,
             ttl,
-            inner.waiter_lease,
+            inner.lines.lease(),
         )
         .await;
         give_back.disarm_if_answered(&reply);
-        match reply.map_err(|e| self.error(e))? {
-            AcquireReply::Granted(token) => Ok(Grant::new(token)),
-            AcquireReply::Contended(remaining) => Err(Error::Contended {
-                key: key.to_string(),
-                remaining,
-            }),
+        match reply.map_err(|e| {
+            // It may be in line: kept until the wait ends.
+            inner.lines.hold(&keys, &entry);
+            self.error(e)
+        })? {
+            AcquireReply::Granted(token) => {
+                inner.lines.let_go(&keys, &entry);
+                Ok(Grant::new(token))
+            }
+            AcquireReply::Contended(remaining) => {
+                inner.lines.hold(&keys, &entry);
+                Err(Error::Contended {
+                    key: key.to_string(),
+                    remaining,
+                })
+            }
         }
     }
 
@@ -449,19 +462,27 @@ impl LockBackend for RedisBackend {
         Some(self.inner.wakeups.on_turn(
             keys.channel,
             keys.lock,
-            place.id().to_owned(),
+            self.inner.lines.entry(place),
             self.inner.conn.clone(),
         ))
     }
 
+    fn keeps_places(&self) -> bool {
+        true
+    }
+
     fn leave_queue(&self, key: &LockKey, place: &Place) {
+        let inner = self.inner.clone();
+        let (keys, entry) = (
+            inner.settings.layout.keys(key.as_str()),
+            inner.lines.entry(place),
+        );
+        inner.lines.let_go(&keys, &entry);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let inner = self.inner.clone();
-        let (keys, place) = (inner.settings.layout.keys(key.as_str()), place.clone());
         runtime.spawn(async move {
-            if let Err(e) = scripts::leave_line(&mut inner.conn.clone(), &keys, place.id()).await {
+            if let Err(e) = scripts::leave_line(&mut inner.conn.clone(), &keys, &entry).await {
                 let error = map_error(inner.capabilities.backend, &inner.endpoint, e);
                 tracing::debug!(%error, "could not leave the waiting line; the place's lease bounds it");
             }

@@ -193,10 +193,11 @@ impl Wakeups {
     }
 }
 
-/// Whether a release message names a place in line (32 hex digits) rather
-/// than a fencing token (decimal, at most 16 digits) or a force release.
+/// Whether a release message names a place in line (a client's session
+/// and a place, 64 hex digits) rather than a fencing token (decimal, at
+/// most 16 digits) or a force release.
 fn names_a_place(message: &str) -> bool {
-    message.len() == 32
+    message.len() == 64
 }
 
 /// The first delay before retrying a failed UNSUBSCRIBE (doubling up to
