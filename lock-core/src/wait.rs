@@ -116,9 +116,11 @@ async fn attempt_in_line<B: LockBackend + ?Sized>(
 
 /// How many times [`Backoff::max`] a waiter in a line its backend keeps
 /// (see [`LockBackend::keeps_places`]) waits before asking again on its
-/// own (2 s by default): only as a last resort, since the backend wakes it
-/// on its turn and covers a missed wake-up and a dead head itself.
-const KEPT_PLACE_BACKSTOP: u32 = 8;
+/// own (10 s by default): only as a last resort, since the backend wakes it
+/// on its turn and covers a missed wake-up and a dead head itself. Each
+/// waiter's own asking is what would make a crowd cost more per handoff
+/// than a few waiters.
+const KEPT_PLACE_BACKSTOP: u32 = 40;
 
 /// The default waiting strategy: attempt; on contention subscribe to
 /// release messages, attempt again, and sleep until a message, the backoff delay, the holder's

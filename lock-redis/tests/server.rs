@@ -414,8 +414,8 @@ async fn a_waiter_keeps_its_subscription_across_poll_rounds() {
     let server = RedisServer::start().expect("start redis");
     let locker = Locker::new(connect(&server).await).with_options(LockerOptions {
         backoff: Backoff {
-            initial: Duration::from_millis(5),
-            max: Duration::from_millis(10),
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(2),
         },
         ..LockerOptions::default()
     });
@@ -425,7 +425,7 @@ async fn a_waiter_keeps_its_subscription_across_poll_rounds() {
         .await;
     assert!(matches!(polled, Err(Error::TimedOut { .. })), "{polled:?}");
     // Each refused attempt asks the holder's remaining TTL (one in line
-    // twice). In line, the waiter asks again every 8 × the backoff's
+    // twice). In line, the waiter asks again every 40 × the backoff's
     // maximum (80 ms): some six rounds.
     let attempts = command_calls(&server, "pttl");
     assert!(
