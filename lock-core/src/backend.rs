@@ -15,6 +15,10 @@ use crate::{
 /// A future that completes when a lock may have been released.
 pub type WakeUpFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
+/// A future that completes once a place's leaving the line reached the
+/// backend (or could not); see [`LockBackend::leave_queue`].
+pub type LeaveFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
 /// A future that completes when the backend learns that a lease is gone.
 pub type LossFuture = Pin<Box<dyn Future<Output = LostReason> + Send + 'static>>;
 
@@ -127,10 +131,15 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
 
     /// Takes `place` out of the line of `key` (its waiter gave up), handing
     /// the turn on if it was its own. Must not block: it runs when a wait
-    /// is dropped, so it sends in the background. Where it cannot be sent,
-    /// the place's lease bounds it. The default does nothing.
-    fn leave_queue(&self, key: &LockKey, place: &Place) {
+    /// is dropped, so it sends at once, in the background, whether or not
+    /// the returned future is polled. That future completes once the leave
+    /// reached the backend: a wait that runs out awaits it, so that a
+    /// release right after the time-out does not reserve the key for a
+    /// waiter that is gone. Where it cannot be sent, the place's lease
+    /// bounds it. The default does nothing.
+    fn leave_queue(&self, key: &LockKey, place: &Place) -> LeaveFuture {
         let _ = (key, place);
+        Box::pin(std::future::ready(()))
     }
 
     /// A future that completes when the backend notices, before the next

@@ -19,7 +19,7 @@ pub mod url;
 pub mod validate;
 pub mod wait;
 
-pub use backend::{DynBackend, LockBackend, LossFuture, WakeUpFuture};
+pub use backend::{DynBackend, LeaveFuture, LockBackend, LossFuture, WakeUpFuture};
 pub use capabilities::{
     Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, Stall, WaitingOrder,
     WakeUp,

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use crate::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, GiveBack, Grant, HeldLock,
-    Lease, LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Place, Result, SafetyModel,
-    Stall, WaitingOrder, WakeUp, WakeUpFuture,
+    Lease, LeaveFuture, LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Place, Result,
+    SafetyModel, Stall, WaitingOrder, WakeUp, WakeUpFuture,
 };
 
 /// Locks kept in this process's memory. Clones share the same locks.
@@ -226,6 +226,25 @@ impl MemoryBackend {
         }
     }
 
+    /// Takes `place` out of the line of `key`, waking the waiters when it
+    /// was the head.
+    fn leave_line(&self, key: &LockKey, place: &Place) {
+        let mut state = self.state();
+        let Some(slot) = state.slots.get_mut(key.as_str()) else {
+            return;
+        };
+        let was_head = slot.line.front().is_some_and(|w| w.place == *place);
+        slot.line.retain(|w| w.place != *place);
+        if was_head {
+            // The next waiter's turn, should the key be free: wake the
+            // waiters (a removal with no reason, which loss signals ignore).
+            slot.removals.send_replace(Removal::default());
+        }
+        if slot.holder.is_none() && slot.line.is_empty() && slot.removals.receiver_count() == 0 {
+            state.slots.remove(key.as_str());
+        }
+    }
+
     /// The reply to a grant, as late as a scripted fault makes it.
     async fn reply(
         &self,
@@ -349,21 +368,9 @@ impl LockBackend for MemoryBackend {
         self.on_release(key).await
     }
 
-    fn leave_queue(&self, key: &LockKey, place: &Place) {
-        let mut state = self.state();
-        let Some(slot) = state.slots.get_mut(key.as_str()) else {
-            return;
-        };
-        let was_head = slot.line.front().is_some_and(|w| w.place == *place);
-        slot.line.retain(|w| w.place != *place);
-        if was_head {
-            // The next waiter's turn, should the key be free: wake the
-            // waiters (a removal with no reason, which loss signals ignore).
-            slot.removals.send_replace(Removal::default());
-        }
-        if slot.holder.is_none() && slot.line.is_empty() && slot.removals.receiver_count() == 0 {
-            state.slots.remove(key.as_str());
-        }
+    fn leave_queue(&self, key: &LockKey, place: &Place) -> LeaveFuture {
+        self.leave_line(key, place);
+        Box::pin(std::future::ready(()))
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
@@ -388,7 +395,6 @@ impl LockBackend for MemoryBackend {
             _ => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
         }
     }
-
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut state = self.state();
         if state.unavailable {

@@ -11,7 +11,8 @@ use crate::{Error, GiveBack, Grant, LockBackend, LockKey, OwnerToken, Place, Res
 /// acquire emits when it starts to wait, so that a release from then on is
 /// one its wake-up is there for:
 /// - the default strategy: refused once more after asking for release
-///   messages, before its first sleep (or, while the server is
+///   messages (on a backend with a waiting line, that attempt takes the
+///   wait's place in it), before its first sleep (or, while the server is
 ///   unreachable, before its first retry). Its wake-up catches a release
 ///   from then on, by the message or, on Redis, by the check it makes once
 ///   subscribed.
@@ -114,6 +115,22 @@ async fn attempt_in_line<B: LockBackend + ?Sized>(
     Ok(grant)
 }
 
+/// A wait that ends without a grant leaves the line (if it joined it) and
+/// waits until the backend has its place back: a release right after the
+/// wait's end then finds the waiter gone, rather than reserving the key for
+/// it, and a newcomer's attempt is not refused for a waiter that gave up.
+async fn leave_line<B: LockBackend + ?Sized, F: FnOnce()>(
+    backend: &B,
+    key: &LockKey,
+    place: &Option<Place>,
+    in_line: Option<GiveBack<F>>,
+) {
+    if let (Some(in_line), Some(place)) = (in_line, place) {
+        in_line.disarm();
+        backend.leave_queue(key, place).await;
+    }
+}
+
 /// How many times [`Backoff::max`] a waiter in a line its backend keeps
 /// (see [`LockBackend::keeps_places`]) waits before asking again on its
 /// own (10 s by default): only as a last resort, since the backend wakes it
@@ -177,7 +194,7 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
         let outcome = match (subscribed, &place) {
             (true, Some(place)) => {
                 if in_line.is_none() {
-                    in_line = Some(GiveBack::armed(|| backend.leave_queue(key, place)));
+                    in_line = Some(GiveBack::armed(|| drop(backend.leave_queue(key, place))));
                 }
                 attempt_in_line(backend, key, asking, ttl, place).await
             }
@@ -196,11 +213,15 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
             }
             Err(Error::Contended { remaining, .. }) => (remaining, None),
             Err(e @ Error::Unavailable { .. }) => (None, Some(e)),
-            Err(e) => return Err(e),
+            Err(e) => {
+                leave_line(backend, key, &place, in_line.take()).await;
+                return Err(e);
+            }
         };
         fresh = Some(OwnerToken::random());
         let now = Instant::now();
         if now >= wait.until {
+            leave_line(backend, key, &place, in_line.take()).await;
             return Err(last_error.unwrap_or_else(|| wait.timed_out(key)));
         }
         if !subscribed && last_error.is_none() {
@@ -212,7 +233,9 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
         }
         let mut delay = wait.backoff.delay(tries).min(wait.until - now);
         match waiter_lease {
-            Some(_) if kept && in_line.is_some() => {
+            // In a kept line, waiting for the turn; an unreachable server is
+            // retried as before.
+            Some(_) if kept && in_line.is_some() && last_error.is_none() => {
                 delay = wait
                     .backoff
                     .max

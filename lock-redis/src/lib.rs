@@ -12,8 +12,8 @@ use std::time::Duration;
 use lock_core::url::ServerUrl;
 use lock_core::{
     Assumption, Capabilities, DEFAULT_WAITER_LEASE, Error, FencingGuarantee, GiveBack, Grant,
-    HeldLock, Lease, Limits, LockBackend, LockKey, LostReason, OwnerToken, Place, Result,
-    SafetyModel, Stall, WaitingOrder, WakeUp, WakeUpFuture, async_trait,
+    HeldLock, Lease, LeaveFuture, Limits, LockBackend, LockKey, LostReason, OwnerToken, Place,
+    Result, SafetyModel, Stall, WaitingOrder, WakeUp, WakeUpFuture, async_trait,
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -471,7 +471,7 @@ impl LockBackend for RedisBackend {
         true
     }
 
-    fn leave_queue(&self, key: &LockKey, place: &Place) {
+    fn leave_queue(&self, key: &LockKey, place: &Place) -> LeaveFuture {
         let inner = self.inner.clone();
         let (keys, entry) = (
             inner.settings.layout.keys(key.as_str()),
@@ -479,14 +479,19 @@ impl LockBackend for RedisBackend {
         );
         inner.lines.let_go(&keys, &entry);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+            return Box::pin(std::future::ready(()));
         };
-        runtime.spawn(async move {
+        // Sent by a task of its own, so that it goes out even when the
+        // caller does not wait for it (a dropped wait).
+        let leaving = runtime.spawn(async move {
             if let Err(e) = scripts::leave_line(&mut inner.conn.clone(), &keys, &entry).await {
                 let error = map_error(inner.capabilities.backend, &inner.endpoint, e);
                 tracing::debug!(%error, "could not leave the waiting line; the place's lease bounds it");
             }
         });
+        Box::pin(async move {
+            let _ = leaving.await;
+        })
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
