@@ -7,6 +7,7 @@ mod error;
 mod fencing;
 mod give_back;
 mod guard;
+pub mod human;
 mod key;
 mod lease;
 mod locker;

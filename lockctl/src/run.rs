@@ -181,8 +181,8 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             _ = orphans.recv() => drop(tree.left()),
             () = killing => {
                 eprintln!(
-                    "lockctl: the command was still running {:?} after SIGTERM; killing it and every process it started",
-                    opts.grace
+                    "lockctl: the command was still running {} after SIGTERM; killing it and every process it started",
+                    lockkit::human::duration(opts.grace)
                 );
                 tree.kill_all();
                 killed = true;
