@@ -11,6 +11,7 @@ mod run;
 mod show;
 mod stop;
 mod target;
+mod terminal;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -66,7 +67,11 @@ enum Cmd {
     /// also to every other process CMD started (see below). What is still
     /// running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
     /// itself is not stopped by Ctrl-Z (SIGTSTP), which would stop its
-    /// renewals while CMD runs on. If the lock is lost, CMD and every
+    /// renewals while CMD runs on. In a terminal, CMD's group gets the
+    /// foreground, as under flock: CMD reads what is typed and Ctrl-C
+    /// reaches it directly; a Ctrl-Z that stops it is undone (lockctl
+    /// continues it: stopped, it would keep the lock from everyone with
+    /// no one to resume it). If the lock is lost, CMD and every
     /// process it started get SIGTERM, then SIGKILL after --grace, and
     /// lockctl exits 77. Processes CMD leaves behind are terminated the same
     /// way before the lock is released (after a forwarded SIGTERM, within

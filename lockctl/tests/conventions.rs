@@ -206,3 +206,53 @@ fn check_listing(
     let keys: Vec<_> = list.as_array().unwrap().iter().map(|e| &e["key"]).collect();
     assert_eq!(keys, [key], "{backend}: {list}");
 }
+
+/// In a terminal, the command has the foreground, as under `flock`: it
+/// reads what is typed (outside it, `read` would be stopped by SIGTTIN for
+/// good), and Ctrl-Z does not leave it stopped under the held lock.
+#[test]
+fn the_command_reads_the_terminal_and_ctrl_z_does_not_leave_it_stopped() {
+    use std::io::Write;
+    use std::sync::mpsc;
+
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+    let slave = || Stdio::from(pty.slave.try_clone().unwrap());
+    // `setsid -c`: a session of its own, with the pseudo-terminal as its
+    // controlling terminal and lockctl in its foreground.
+    let child = std::process::Command::new("setsid")
+        .args(["-w", "-c", env!("CARGO_BIN_EXE_lockctl")])
+        .args(["--url", "memory://", "run", "k", "--"])
+        .args(["sh", "-c", "echo ready; read line; echo \"got $line\""])
+        .env_remove("LOCK_URL")
+        .stdin(slave())
+        .stdout(slave())
+        .stderr(slave())
+        .spawn()
+        .expect("setsid runs lockctl");
+    let mut child = Holder(child);
+    let master = std::fs::File::from(pty.master);
+    let mut keyboard = master.try_clone().unwrap();
+    let (lines, screen) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(master);
+        let mut line = String::new();
+        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+            if lines.send(std::mem::take(&mut line)).is_err() {
+                break;
+            }
+        }
+    });
+    let shown = |needle: &str| loop {
+        let line = screen.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+            panic!("`{needle}` never shown: the command cannot read the terminal")
+        });
+        if line.contains(needle) {
+            break;
+        }
+    };
+    shown("ready");
+    keyboard.write_all(b"\x1a").unwrap();
+    keyboard.write_all(b"hello\n").unwrap();
+    shown("got hello");
+    assert!(wait_exit(&mut child.0).success());
+}
