@@ -15,6 +15,8 @@ mod memory;
 mod observe;
 mod operator;
 mod owner;
+#[cfg(feature = "sqlx")]
+mod sqlx_support;
 pub mod url;
 pub mod validate;
 pub mod wait;

@@ -1,5 +1,7 @@
 //! Guards: renewal, loss, release on drop, `with_lock`.
 
+use std::time::Duration;
+
 use lock_core::{Error, GuardOptions, LostReason};
 use tokio::time::Instant;
 
@@ -50,7 +52,8 @@ fn told_by_the_backend(reason: LostReason) {
 }
 
 /// When the grant is removed behind the guard's back, `lost()` fires, from
-/// what the backend says, and the lock is free for others.
+/// what the backend says, work run with `run_until_lost` is stopped, the
+/// guard says it is no longer held, and the lock is free for others.
 pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
     let key = fx.key("guard-lost");
     let guard = fx
@@ -58,11 +61,29 @@ pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
         .guard(&key, renewing_often(fx))
         .await
         .expect("guard");
+    assert!(guard.is_held(), "a new guard is held");
+    let left = guard.remaining();
+    assert!(
+        !left.is_zero() && left <= LONG_TTL,
+        "remaining {left:?} out of (0, {LONG_TTL:?}]"
+    );
     let lost = guard.lost();
     let lease_key = guard.key().to_string();
+    let endless_work = guard.run_until_lost(std::future::pending::<()>());
     fx.sabotage.remove_grant(&lease_key).await;
+    let stopped = within(SLACK, "run_until_lost stops the work", endless_work).await;
+    assert!(
+        matches!(stopped, Err(Error::Lost { .. })),
+        "work under a lost lock must end in Error::Lost: {stopped:?}"
+    );
     within(SLACK, "the guard's lost() fires", lost).await;
     told_by_the_backend(guard.lost_reason().expect("a lost guard has a reason"));
+    assert!(!guard.is_held(), "a lost guard says it is not held");
+    assert_eq!(
+        guard.remaining(),
+        Duration::ZERO,
+        "a lost guard has no time left"
+    );
     let next = fx
         .locker
         .acquire(&key, LONG_TTL, SLACK)
