@@ -329,6 +329,27 @@ impl Profile {
         GuardOptions::new(self.ttl).wait(self.wait)
     }
 
+    /// The lock `name` as this profile takes it: its key prefix applied,
+    /// its TTL and wait as the options, on `locker` (one this profile
+    /// connected, [`Profile::connect`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit::Result<()> {
+    /// let config = lockkit::config::Config::parse(
+    ///     "[profiles.jobs]\nurl = \"memory://\"\nprefix = \"jobs/\"\nttl = \"30s\"\n",
+    ///     "inline",
+    /// )?;
+    /// let profile = config.profile("jobs")?;
+    /// let locker = profile.connect().await?;
+    /// let report = profile.lock(&locker, "nightly-report")?;
+    /// assert_eq!(report.key(), "jobs/nightly-report");
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, locker: &Locker, name: &str) -> Result<crate::Lock> {
+        locker.lock(&self.key(name), self.guard_options())
+    }
+
     /// Checks the backend's capabilities against this profile's
     /// requirements, and the TTL against its limits. The error names the
     /// profile, each requirement not met, and what the backend offers.

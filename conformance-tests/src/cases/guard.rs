@@ -156,3 +156,45 @@ pub async fn with_lock_runs_the_work_and_releases(fx: &Fixture) {
         other => panic!("expected lost, got {other:?}"),
     }
 }
+
+/// A `Lock` handle takes its key with its options; `try_with_lock` hands
+/// the work's own error back, releases the lock after it, and turns the
+/// lock's errors (here: busy) into the work's error type.
+pub async fn a_lock_handle_and_fallible_work(fx: &Fixture) {
+    #[derive(Debug)]
+    enum JobError {
+        Lock(Error),
+        Failed(u64),
+    }
+    impl From<Error> for JobError {
+        fn from(e: Error) -> Self {
+            JobError::Lock(e)
+        }
+    }
+
+    let key = fx.key("handle");
+    let lock = fx
+        .locker
+        .lock(&key, GuardOptions::new(LONG_TTL))
+        .expect("a valid key");
+    assert_eq!(lock.key(), key);
+    let failed: Result<(), JobError> = lock
+        .try_with_lock(|token| async move { Err(JobError::Failed(token.get())) })
+        .await;
+    assert!(
+        matches!(failed, Err(JobError::Failed(t)) if t > 0),
+        "{failed:?}"
+    );
+
+    let guard = lock.guard().await.expect("free again after failed work");
+    let busy: Result<(), JobError> = lock.try_with_lock(|_| async { Ok(()) }).await;
+    assert!(
+        matches!(&busy, Err(JobError::Lock(e)) if e.is_contended()),
+        "{busy:?}"
+    );
+    guard.release().await.expect("release");
+    assert!(
+        fx.locker.lock("", GuardOptions::new(LONG_TTL)).is_err(),
+        "an empty key is refused when the handle is made"
+    );
+}
