@@ -101,11 +101,19 @@ pub(crate) struct Statements {
     /// Autocommit, before the transaction: a contender never blocks on a
     /// holder's uncommitted insert, and an existing row is left alone.
     pub insert: String,
-    /// Locks the row without waiting, then draws the token: `nextval` runs
-    /// only once the row is locked, so tokens follow the order of grants.
-    /// The token is not durable until a flush follows (see `flush.rs`).
+    /// The grant in one statement: locks the row without waiting (no row:
+    /// the row is missing, and the caller inserts it first), then draws the
+    /// token: `nextval` runs only once the row is locked, so tokens follow
+    /// the order of grants. Also returns the sequence's logged bound read
+    /// after the token (see `flush.rs`), and, when that bound is at most
+    /// `$4` (already on disk), ends the grant as [`refresh`](Self::refresh)
+    /// does (`$2`, `$3`): the token is durable, and one round trip grants.
+    /// Otherwise that third column is NULL, and the token is not durable
+    /// until a flush follows.
     pub lock_nowait: String,
-    /// The same, waiting in the server's lock queue up to `lock_timeout`.
+    /// The same, waiting in the server's lock queue up to `lock_timeout`
+    /// (sent with `$4` = 0: after a wait, the grant ends with
+    /// [`refresh`](Self::refresh), which restarts the TTL clock).
     pub lock_wait: String,
     /// Whether the lock's transaction is still open, and the new idle
     /// timeout (`$1`).
@@ -133,9 +141,20 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn new(names: &Names) -> Statements {
         let (table, sequence) = (names.table(), names.sequence());
+        // `drawn` is materialised (it calls a volatile function), so the
+        // correlated read of the sequence runs after `nextval`; OFFSET 0
+        // keeps `x` a subquery, so the bound is read once.
         let lock = |wait: &str| {
             format!(
-                "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE{wait}) SELECT nextval('{sequence}') FROM held"
+                "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE{wait}), \
+                 drawn AS (SELECT nextval('{sequence}') AS token FROM held) \
+                 SELECT x.token, x.logged, CASE WHEN x.logged <= $4 \
+                 THEN current_setting('{HELD_MARK}', true) = 'on' \
+                 AND set_config('idle_in_transaction_session_timeout', $2, true) IS NOT NULL \
+                 AND set_config('lock_timeout', $3, true) IS NOT NULL \
+                 AND set_config('statement_timeout', current_setting('{SAVED_STATEMENT_TIMEOUT}'), true) IS NOT NULL END \
+                 FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
+                 FROM drawn d OFFSET 0) x"
             )
         };
         Statements {
@@ -370,18 +389,21 @@ mod tests {
         // pgbench sends a line's statements in one round trip when `\;` joins them.
         let joined = |sql: &str| sql.replace("; ", " \\; ");
         let expected = [
-            format!("{};", statements.insert.replace("$1", key)),
             joined(&begin(grant_idle_timeout(ttl, rt), rt, false)),
-            format!("{};", statements.lock_nowait.replace("$1", key)),
             format!(
                 "{};",
                 statements
-                    .refresh
-                    .replace("$1", &format!("'{}'", millis(ttl)))
-                    .replace("$2", &format!("'{}'", millis(rt)))
+                    .lock_nowait
+                    .replace("$1", key)
+                    .replace("$2", &format!("'{}'", millis(ttl)))
+                    .replace("$3", &format!("'{}'", millis(rt)))
+                    .replace("$4", &i64::MAX.to_string())
             ),
             "ROLLBACK;".to_owned(),
+            "\\set flush random(1, 32)".to_owned(),
+            "\\if :flush = 1".to_owned(),
             joined(&statements.flush),
+            "\\endif".to_owned(),
         ];
         let script = include_str!("../examples/pairs.pgbench.sql");
         let sent: Vec<&str> = script.lines().filter(|l| !l.starts_with("--")).collect();
