@@ -322,9 +322,12 @@ impl PostgresBackend {
                     Err(e) => return Err(errors::connect(endpoint, e)),
                 }
             }
-            let lock_timeout = wait.unwrap_or(rt);
             let idle = sql::grant_idle_timeout(ttl, rt);
-            let begin = sql::begin(idle, lock_timeout, wait.is_some() && inner.modern);
+            // Without a wait, the lock statement sets the transaction up itself.
+            let begin = match wait {
+                Some(wait) => sql::begin(idle, wait, inner.modern).into(),
+                None => std::borrow::Cow::Borrowed("BEGIN"),
+            };
             match within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin)).await? {
                 Ok(_) => {}
                 Err(e) if reused && !fresh && !missing && errors::is_connection_lost(&e) => {
@@ -342,12 +345,15 @@ impl PostgresBackend {
                 (&inner.statements.lock_nowait, inner.flusher.flushed_bound())
             };
             let sent = Instant::now();
-            let lock = sqlx::query_as::<_, (i64, Option<i64>, Option<bool>)>(statement)
+            let mut lock = sqlx::query_as::<_, (i64, Option<i64>, Option<bool>)>(statement)
                 .bind(key.as_str())
                 .bind(millis(ttl).to_string())
                 .bind(millis(rt).to_string())
-                .bind(flushed_bound)
-                .fetch_optional(&mut *conn);
+                .bind(flushed_bound);
+            if wait.is_none() {
+                lock = lock.bind(millis(idle).to_string());
+            }
+            let lock = lock.fetch_optional(&mut *conn);
             match within(
                 rt.saturating_add(wait.unwrap_or_default()),
                 endpoint,
@@ -357,12 +363,14 @@ impl PostgresBackend {
             .await?
             {
                 Ok(Some((token, logged, done))) => {
-                    let sent = match done {
+                    let sent = match (done, wait) {
                         // The token is already on disk, and the statement set the TTL
                         // clock: the server starts it when the reply leaves, after `sent`.
-                        Some(true) => sent,
-                        Some(false) => return Err(Error::lost(key.as_str(), LostReason::NotHeld)),
-                        None => {
+                        (Some(true), _) => sent,
+                        (Some(false), Some(_)) => {
+                            return Err(Error::lost(key.as_str(), LostReason::NotHeld));
+                        }
+                        _ => {
                             // The token was drawn by `nextval` in the holder's transaction, after the
                             // row lock, so tokens follow the order in which grants lock the row; drawn
                             // anywhere else (in the flush below, say), a grant that locked the row later
