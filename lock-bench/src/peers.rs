@@ -32,7 +32,7 @@ pub fn gives_up(name: &str) -> &'static str {
 /// A peer client.
 pub enum Peer {
     /// etcd's v3lock service (`Lock`/`Unlock`, behind `etcdctl lock`).
-    EtcdV3Lock(EtcdV3Lock),
+    EtcdV3Lock(Box<EtcdV3Lock>),
     /// `pg_try_advisory_lock` / `pg_advisory_lock`, then `pg_advisory_unlock`.
     PgSession(PgPool),
     /// `pg_try_advisory_xact_lock` / `pg_advisory_xact_lock` in a
@@ -58,10 +58,10 @@ impl Peer {
                 let client = etcd_client::Client::connect(endpoints, None)
                     .await
                     .map_err(|e| format!("etcd: {e}"))?;
-                Ok(Peer::EtcdV3Lock(EtcdV3Lock {
+                Ok(Peer::EtcdV3Lock(Box::new(EtcdV3Lock {
                     client,
                     idle: Mutex::default(),
-                }))
+                })))
             }
             "pg-advisory-session" | "pg-advisory-xact" => {
                 let base = url.split('?').next().unwrap_or(url);

@@ -381,7 +381,7 @@ impl PostgresBackend {
                             // record in the WAL, and waits until it is on disk.
                             // (After a wait, a flush since may already have covered it.)
                             let flushed_bound = inner.flusher.flushed_bound();
-                            if !logged.is_some_and(|logged| logged <= flushed_bound) {
+                            if logged.is_none_or(|logged| logged > flushed_bound) {
                                 let budget = flush::budget(rt);
                                 let flushed = inner.flusher.flush(
                                     &inner.conns,
