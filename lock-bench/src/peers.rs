@@ -66,8 +66,11 @@ impl Peer {
             "pg-advisory-session" | "pg-advisory-xact" => {
                 let base = url.split('?').next().unwrap_or(url);
                 // As many connections as the lab's PostgreSQL backend may hold locks.
+                // No ping before each use (sqlx's default): lockkit's own
+                // connections are not pinged either.
                 let pool = PgPoolOptions::new()
                     .max_connections(80)
+                    .test_before_acquire(false)
                     .acquire_timeout(Duration::from_secs(30))
                     .connect(base)
                     .await
