@@ -35,6 +35,12 @@ scripts/faults.sh --smoke
 step "lab, quick mode (checks only that every backend produced figures)"
 cargo run --quiet -p lockctl --all-features -- bench --quick --out target/lab-smoke
 
+step "examples, run as a user would (memory://, then each server)"
+for url in memory:// "$LOCKKIT_REDIS_URL" "$LOCKKIT_REDLOCK_URL" "$LOCKKIT_ETCD_URL" "$LOCKKIT_POSTGRES_URL"; do
+    LOCK_URL="$url" cargo run --quiet -p lockkit --all-features --example nightly_job
+done
+LOCK_URL=memory:// DATABASE_URL="$LOCKKIT_POSTGRES_URL" cargo run --quiet -p lockkit --all-features --example fenced_write
+
 step "docs (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 

@@ -2,6 +2,8 @@
 
 pub use lock_core::*;
 
+#[cfg(feature = "blocking")]
+pub mod blocking;
 pub mod config;
 
 #[cfg(feature = "etcd")]

@@ -42,6 +42,7 @@ macro_rules! conformance_suite {
             guard_reports_loss_when_the_grant_is_removed,
             dropped_guard_frees_the_lock,
             with_lock_runs_the_work_and_releases,
+            a_lock_handle_and_fallible_work,
             invalid_input_is_refused_and_leaves_nothing_held,
             capabilities_are_consistent,
             operator_view_and_force_release_keep_their_promises,

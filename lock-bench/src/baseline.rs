@@ -230,7 +230,34 @@ pub const PGBENCH_SQL: &str = include_str!("../../lock-postgres/examples/pairs.p
 
 /// The pgbench method, for the report.
 pub fn pgbench_method() -> String {
-    "pgbench -n -f lock-postgres/examples/pairs.pgbench.sql -c T -j min(T,2) -T S: the statements of one try_acquire + release, one transaction per pair".into()
+    "pgbench -n -f lock-postgres/examples/pairs.pgbench.sql -c T -j min(T,2) -T S: the statements of one try_acquire + release (BEGIN, the lock statement, ROLLBACK; the token flush in one pair of 32), one transaction per pair, rows inserted beforehand".into()
+}
+
+/// Inserts the rows of pgbench clients `0..clients` (their lock keys are
+/// `pgbench/{client_id}`), with psql.
+pub async fn pgbench_rows(url: &str, clients: usize) -> Result<(), String> {
+    let sql = format!(
+        "INSERT INTO \"lockkit\".\"locks\" (name) SELECT 'pgbench/' || g FROM generate_series(0, {clients}) g ON CONFLICT (name) DO NOTHING"
+    );
+    let out = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", &sql])
+        .arg(url)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("psql: {e} (install postgresql-client)"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "psql could not insert pgbench's rows: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+        ))
+    }
 }
 
 /// pgbench bound at one concurrency.

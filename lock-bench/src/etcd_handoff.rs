@@ -12,12 +12,12 @@
 //! no leases, no reads.
 //!
 //! The ring runs twice: with plain deletes and puts, and with the lock's
-//! own transactions in their place (a delete only if the key is still the
-//! owner's, a put only if the key is new, with the reads of the queue that
-//! come with it). A lock that is safe to release needs the compare; and
-//! etcd 3.4 applies a transaction more slowly than a plain write (it copies
-//! its not yet flushed writes for the transaction's read view), so on etcd
-//! 3.4 the second ring is the floor for what the backend sends. Its keys
+//! own requests in their place (a plain delete, as the backend releases
+//! its own grants, and a put only if the key is new, with the reads of the
+//! queue that come with it when the queue is not empty). etcd 3.4 applies
+//! a transaction more slowly than a plain write (it copies its not yet
+//! flushed writes for the transaction's read view), so on etcd 3.4 the
+//! second ring is the floor for what the backend sends. Its keys
 //! and transactions are built by the backend's own code
 //! (`lockkit::etcd::transactions`), so the floor follows any change to them.
 
@@ -54,7 +54,7 @@ impl Writes {
 
 /// How the floor is measured, for the report.
 pub fn method() -> String {
-    "W tasks in a ring over one etcd-client connection, each owning a key and watching its predecessor's for deletions (no leases): the holder deletes its key, whose watch event grants the next task, then puts it back; handoff = start of the delete to the event's arrival. Plain: Delete(key) and Put(key). With the lock's transactions: Txn(if create_revision(key)=r and value(key)=owner then Delete(key)), and Txn(if create_revision(key)=0 then Put(key), Get(ring, first created), Get(ring, keys only, 17 last created))".into()
+    "W tasks in a ring over one etcd-client connection, each owning a key and watching its predecessor's for deletions (no leases): the holder deletes its key, whose watch event grants the next task, then puts it back; handoff = start of the delete to the event's arrival. Plain: Delete(key) and Put(key). With the lock's requests: Delete(key), and Txn(if create_revision(ring)=0 then Put(key) else (Txn(if create_revision(key)=0 then Put(key)), Get(ring, first created), Get(ring, keys only, 17 last created)))".into()
 }
 
 /// One ring of `waiters` tasks for `phase`: the handoff gaps, and handoffs per second.
@@ -77,11 +77,8 @@ pub async fn floor(
     c.delete(ring.as_str(), Some(DeleteOptions::new().with_prefix()))
         .await
         .map_err(etcd)?;
-    // Each key's create revision, for the compare of its delete.
-    let mut created = Vec::with_capacity(waiters);
     for i in 0..waiters {
-        let put = c.put(key(i), OWNER, None).await.map_err(etcd)?;
-        created.push(put.header().map_or(0, |h| h.revision()));
+        c.put(key(i), OWNER, None).await.map_err(etcd)?;
     }
     // Every watch is set up before the first turn passes, so none misses it.
     let mut watches = Vec::with_capacity(waiters);
@@ -96,8 +93,7 @@ pub async fn floor(
     let handles: Vec<_> = watches
         .into_iter()
         .enumerate()
-        .zip(created)
-        .map(|((i, (watcher, mut events)), mut created)| {
+        .map(|(i, (watcher, mut events))| {
             let (mut c, mine, ring, lock) = (client.clone(), key(i), ring.clone(), lock.clone());
             let named = String::from_utf8_lossy(&mine).into_owned();
             let (released_at, stop) = (released_at.clone(), stop.clone());
@@ -130,34 +126,31 @@ pub async fn floor(
                     *released_at.lock().await = Some(Instant::now());
                     match writes {
                         Writes::Plain => drop(c.delete(mine.clone(), None).await.map_err(etcd)?),
+                        // The backend releases its own grants with a plain
+                        // delete too (see `transactions::release`).
                         Writes::LockTransactions => {
-                            let release = transactions::release(&mine, created, OWNER);
-                            let done = c.txn(release).await.map_err(etcd)?;
+                            let done = c.delete(mine.clone(), None).await.map_err(etcd)?;
                             // Not deleted: the successor would never wake.
-                            if !done.succeeded() {
-                                return Err(format!("{named}: the release's compare failed"));
+                            if done.deleted() == 0 {
+                                return Err(format!("{named}: the release deleted nothing"));
                             }
                         }
                     }
                     if stop.load(Ordering::Relaxed) {
                         return Ok(gaps);
                     }
-                    let put = match writes {
-                        Writes::Plain => c
-                            .put(mine.clone(), OWNER, None)
-                            .await
-                            .map_err(etcd)?
-                            .take_header(),
+                    match writes {
+                        Writes::Plain => {
+                            drop(c.put(mine.clone(), OWNER, None).await.map_err(etcd)?)
+                        }
                         Writes::LockTransactions => {
                             let enqueue = transactions::enqueue(&ring, &lock, &mine, 0, OWNER);
-                            let mut done = c.txn(enqueue).await.map_err(etcd)?;
-                            if !done.succeeded() {
+                            let done = c.txn(enqueue).await.map_err(etcd)?;
+                            if !transactions::created(&done) {
                                 return Err(format!("{named}: the enqueue's compare failed"));
                             }
-                            done.take_header()
                         }
-                    };
-                    created = put.map_or(0, |h| h.revision());
+                    }
                 }
             })
         })

@@ -7,6 +7,7 @@ mod fan_out;
 mod instructions;
 mod metrics_overhead;
 mod paired;
+mod peers;
 mod plot;
 mod progress;
 mod report;
@@ -59,12 +60,21 @@ pub struct Options {
     pub out: PathBuf,
     /// Subjects to run ([`SUBJECTS`] names); all when `None`.
     pub only: Option<Vec<String>>,
+    /// Only the paired rounds (the comparisons the goals make between two
+    /// clients), none of the sweeps, floors or bounds: a couple of minutes.
+    pub paired_only: bool,
+    /// Paired rounds per comparison, instead of the mode's.
+    pub rounds: Option<usize>,
+    /// Each paired round's length, instead of the mode's.
+    pub round: Option<Duration>,
 }
 
 /// Everything the lab can measure: name and the environment variable with
 /// its server URL (`scripts/servers.sh` writes them to
 /// `target/lockkit-servers/urls.env`). `rslock` is the peer library, over
 /// the single Redis (1 node) and over the Redlock nodes (5 nodes).
+/// `etcd-v3lock`, `pg-advisory-session` and `pg-advisory-xact` are what etcd
+/// and PostgreSQL users pick instead (see `peers.rs`).
 pub const SUBJECTS: &[(&str, &str)] = &[
     ("memory", ""),
     ("redis", "LOCKKIT_REDIS_URL"),
@@ -73,6 +83,9 @@ pub const SUBJECTS: &[(&str, &str)] = &[
     ("etcd", "LOCKKIT_ETCD_URL"),
     ("postgres", "LOCKKIT_POSTGRES_URL"),
     ("rslock", "LOCKKIT_REDLOCK_URL"),
+    ("etcd-v3lock", "LOCKKIT_ETCD_URL"),
+    ("pg-advisory-session", "LOCKKIT_POSTGRES_URL"),
+    ("pg-advisory-xact", "LOCKKIT_POSTGRES_URL"),
 ];
 
 /// The PostgreSQL database the lab uses, so its counters see only the lab.
@@ -146,7 +159,9 @@ const LOSS_TTL: Duration = Duration::from_secs(3);
 /// Runs the lab and writes the report folder. Per-subject failures are
 /// recorded in the report (see [`Report::failures`]), not returned.
 pub async fn run(options: &Options) -> Result<Report, String> {
-    let plan = Plan::of(options.mode);
+    let mut plan = Plan::of(options.mode);
+    plan.paired_rounds = options.rounds.unwrap_or(plan.paired_rounds).max(1);
+    plan.paired_phase = options.round.unwrap_or(plan.paired_phase);
     let wanted = |name: &str| {
         options
             .only
@@ -166,15 +181,18 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         ));
     }
     std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
-    let chosen: Vec<_> = SUBJECTS.iter().filter(|(n, _)| wanted(n)).collect();
+    let chosen: Vec<_> = SUBJECTS
+        .iter()
+        .filter(|(n, _)| wanted(n) && !options.paired_only)
+        .collect();
     let per_subject = plan.tasks.len() * 2 + plan.waiters.len() + 2;
     // Two watch rings per waiter count: plain writes, the lock's transactions.
-    let floors = if wanted("etcd") {
+    let floors = if wanted("etcd") && !options.paired_only {
         plan.waiters.len() * 2
     } else {
         0
     };
-    let count_instructions = wanted("redis");
+    let count_instructions = wanted("redis") && !options.paired_only;
     let progress = Progress::new(
         chosen.len() * per_subject
             + floors
@@ -234,6 +252,41 @@ pub async fn run(options: &Options) -> Result<Report, String> {
                 .await;
                 report.subjects.push(s);
             }
+            continue;
+        }
+        if peers::NAMES.contains(name) {
+            let url = if name.starts_with("pg-") {
+                match pg_lab_database(&url).await {
+                    Ok(lab) => lab,
+                    Err(e) => {
+                        report.subjects.push(Subject::failed(name, e));
+                        continue;
+                    }
+                }
+            } else {
+                url
+            };
+            let mut s = Subject::new(name, "peer", &lockkit::url::redact(&url));
+            s.notes.push(peers::gives_up(name).into());
+            match peers::Peer::connect(name, &url).await {
+                Ok(peer) => {
+                    let client = Client::Peer(Arc::new(peer));
+                    let max_tasks = name.starts_with("pg-").then_some(PG_MAX_TASKS);
+                    measure_clients(
+                        &plan,
+                        &progress,
+                        &client,
+                        &prefix,
+                        &mut s,
+                        &Counter::None,
+                        max_tasks,
+                    )
+                    .await;
+                    close_idle(&client).await;
+                }
+                Err(e) => s.errors.push(e),
+            }
+            report.subjects.push(s);
             continue;
         }
         // pgbench first: the backend's pool keeps its connections open afterwards,
@@ -327,12 +380,12 @@ pub async fn run(options: &Options) -> Result<Report, String> {
                     .bounds
                     .push(etcd_bound(&url, &prefix, &tasks, &plan, &progress).await);
                 s.baseline = report.bounds.last().map(|b| b.name.clone());
-                s.peer = Some("rslock (1 node)".into());
+                s.peer = Some("etcd-v3lock".into());
             }
             "postgres" => {
                 report.bounds.extend(pg_bound_first.take());
                 s.baseline = report.bounds.last().map(|b| b.name.clone());
-                s.peer = Some("rslock (1 node)".into());
+                s.peer = Some("pg-advisory-xact".into());
                 if plan.tasks.iter().any(|&t| t > PG_MAX_TASKS) {
                     s.notes.push(format!(
                         "uncontended runs up to {PG_MAX_TASKS} tasks: each held lock pins a connection (server max_connections)"
@@ -499,8 +552,10 @@ async fn measure_clients(
 /// (up to 256 after a sweep) would each expire a TTL after their last
 /// renewal, a write the leader commits, during whatever runs then.
 async fn close_idle(client: &Client) {
-    if let Client::Lockkit(locker) = client {
-        locker.close_idle().await;
+    match client {
+        Client::Lockkit(locker) => locker.close_idle().await,
+        Client::Peer(peer) => peer.close_idle().await,
+        Client::Rslock(_) => {}
     }
 }
 
@@ -713,6 +768,13 @@ async fn pg_bound(
     }
     // pgbench takes a libpq URL: without lockkit's own query options.
     let base = url.split('?').next().unwrap_or(url);
+    // The script locks rows that exist, as lock-postgres does after a lock's
+    // first grant (which inserts its row).
+    let clients = tasks.iter().copied().max().unwrap_or(1);
+    if let Err(e) = baseline::pgbench_rows(base, clients).await {
+        bound.errors.push(e);
+        return bound;
+    }
     for &t in tasks {
         let _step = progress.step(format!("pgbench: {t} clients"));
         match baseline::pgbench_point(base, &script, t, plan.pgbench_secs).await {

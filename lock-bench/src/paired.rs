@@ -56,6 +56,42 @@ const COMPARISONS: &[(&str, &str, usize, Metric, ClientRuntime)] = &[
         Metric::AcquireP50,
         ClientRuntime::Lab,
     ),
+    // What etcd and PostgreSQL users pick instead (see `peers.rs`).
+    (
+        "etcd",
+        "etcd-v3lock",
+        1,
+        Metric::PairsPerSecond,
+        ClientRuntime::Lab,
+    ),
+    (
+        "etcd",
+        "etcd-v3lock",
+        64,
+        Metric::PairsPerSecond,
+        ClientRuntime::Lab,
+    ),
+    (
+        "postgres",
+        "pg-advisory-xact",
+        64,
+        Metric::PairsPerSecond,
+        ClientRuntime::Lab,
+    ),
+    (
+        "postgres",
+        "pg-advisory-xact",
+        1,
+        Metric::AcquireP50,
+        ClientRuntime::Lab,
+    ),
+    (
+        "postgres",
+        "pg-advisory-session",
+        64,
+        Metric::PairsPerSecond,
+        ClientRuntime::Lab,
+    ),
 ];
 
 /// Where a comparison's clients run.
@@ -247,6 +283,21 @@ async fn client(name: &str) -> Result<Client, String> {
         "redlock" => crate::connect(name, &var("LOCKKIT_REDLOCK_URL")?)
             .await
             .map(|(l, ..)| Client::Lockkit(l)),
+        "etcd" => crate::connect(name, &var("LOCKKIT_ETCD_URL")?)
+            .await
+            .map(|(l, ..)| Client::Lockkit(l)),
+        "postgres" => crate::connect(name, &var("LOCKKIT_POSTGRES_URL")?)
+            .await
+            .map(|(l, ..)| Client::Lockkit(l)),
+        "etcd-v3lock" => crate::peers::Peer::connect(name, &var("LOCKKIT_ETCD_URL")?)
+            .await
+            .map(|p| Client::Peer(Arc::new(p))),
+        "pg-advisory-session" | "pg-advisory-xact" => {
+            let lab = crate::pg_lab_database(&var("LOCKKIT_POSTGRES_URL")?).await?;
+            crate::peers::Peer::connect(name, &lab)
+                .await
+                .map(|p| Client::Peer(Arc::new(p)))
+        }
         other => Err(format!("no paired client for {other}")),
     }
 }

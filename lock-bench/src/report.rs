@@ -328,8 +328,18 @@ impl Report {
         };
         // A goal comparing two clients checks their paired rounds when
         // there are some, and shows the sweep's figures beside them.
-        let paired = |goal: Goal, subject: &str, against: &str, met: &dyn Fn(f64) -> bool| {
-            let of_pair = |p: &&crate::Paired| p.subject == subject && p.against == against;
+        let paired_of = |goal: Goal,
+                         subject: &str,
+                         against: &str,
+                         tasks: Option<usize>,
+                         metric: Option<crate::paired::Metric>,
+                         met: &dyn Fn(f64) -> bool| {
+            let of_pair = |p: &&crate::Paired| {
+                p.subject == subject
+                    && p.against == against
+                    && tasks.is_none_or(|t| p.tasks == t)
+                    && metric.is_none_or(|m| p.metric == m)
+            };
             let Some(checked) = self
                 .paired
                 .iter()
@@ -366,20 +376,30 @@ impl Report {
                 goal: goal.goal,
             }
         };
-        // Pairs per second at 64 tasks, at least `min` times the peer's.
-        let versus_peer = |goal: &str, subject: &str, peer: &str, min: f64| {
+        let paired = |goal: Goal, subject: &str, against: &str, met: &dyn Fn(f64) -> bool| {
+            paired_of(goal, subject, against, None, None, met)
+        };
+        let paired_at =
+            |goal: Goal, subject: &str, against: &str, tasks: usize, met: &dyn Fn(f64) -> bool| {
+                let metric = Some(crate::paired::Metric::PairsPerSecond);
+                paired_of(goal, subject, against, Some(tasks), metric, met)
+            };
+        // Pairs per second at `tasks` tasks, at least `min` times the peer's.
+        let versus_peer_at = |goal: &str, subject: &str, peer: &str, tasks: usize, min: f64| {
             let (a, b) = (
-                pairs(self.subject(subject), 64),
-                pairs(self.subject(peer), 64),
+                pairs(self.subject(subject), tasks),
+                pairs(self.subject(peer), tasks),
             );
             let what = format!(
                 "{} vs {} pairs/s",
                 rate(a.unwrap_or(0.0)),
                 rate(b.unwrap_or(0.0))
             );
-            paired(check(goal, div(a, b), min, what), subject, peer, &|m| {
-                m >= min
-            })
+            let goal = check(goal, div(a, b), min, what);
+            paired_at(goal, subject, peer, tasks, &|m| m >= min)
+        };
+        let versus_peer = |goal: &str, subject: &str, peer: &str, min: f64| {
+            versus_peer_at(goal, subject, peer, 64, min)
         };
         goals.push(check(
             "Redis: >= 0.8 of the pipelined redis-benchmark bound at 64 tasks",
@@ -435,7 +455,86 @@ impl Report {
             "rslock (5 nodes)",
             1.5,
         ));
+        for tasks in [1, 64] {
+            goals.push(versus_peer_at(
+                &format!(
+                    "etcd: >= 1.0x etcd's lock service (v3lock) pairs/s at {tasks} task{}",
+                    if tasks == 1 { "" } else { "s" }
+                ),
+                "etcd",
+                "etcd-v3lock",
+                tasks,
+                1.0,
+            ));
+        }
+        if let (Some(etcd), Some(v3lock)) = (self.subject("etcd"), self.subject("etcd-v3lock")) {
+            let lead: Vec<(usize, f64, f64)> = etcd
+                .contended
+                .iter()
+                .filter_map(|c| {
+                    let peer = v3lock.contended.iter().find(|p| p.waiters == c.waiters)?;
+                    Some((c.waiters, c.grants_per_s, peer.grants_per_s))
+                })
+                .collect();
+            let worst = lead
+                .iter()
+                .filter(|(_, _, b)| *b > 0.0)
+                .map(|(w, a, b)| (a / b, *w))
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            goals.push(Goal {
+                goal: "etcd: handoff grants/s >= 2x etcd's lock service (v3lock) at every waiter count".into(),
+                measured: if lead.is_empty() {
+                    "not measured".into()
+                } else {
+                    lead.iter()
+                        .map(|(w, a, b)| {
+                            format!("{w} waiters: {:.2}x ({} vs {} grants/s)", a / b.max(f64::MIN_POSITIVE), rate(*a), rate(*b))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                },
+                met: worst.map(|(r, _)| r >= 2.0),
+            });
+        }
+        goals.push(versus_peer(
+            "PostgreSQL: >= 0.6x pg_advisory_xact_lock pairs/s at 64 tasks",
+            "postgres",
+            "pg-advisory-xact",
+            0.6,
+        ));
+        {
+            let (pg, xact) = (
+                p50(self.subject("postgres"), 1),
+                p50(self.subject("pg-advisory-xact"), 1),
+            );
+            let ratio = div(pg, xact);
+            let goal = Goal {
+                goal: "PostgreSQL: p50 acquire latency <= 2x pg_advisory_xact_lock's (1 task)"
+                    .into(),
+                measured: ratio.map_or("not measured".into(), |v| {
+                    format!(
+                        "{v:.2}x ({} vs {})",
+                        us(pg.unwrap_or(0.0)),
+                        us(xact.unwrap_or(0.0))
+                    )
+                }),
+                met: ratio.map(|v| v <= 2.0),
+            };
+            goals.push(paired_of(
+                goal,
+                "postgres",
+                "pg-advisory-xact",
+                Some(1),
+                Some(crate::paired::Metric::AcquireP50),
+                &|m| m <= 2.0,
+            ));
+        }
         if let Some(pg) = self.subject("postgres") {
+            // Not a goal any more: the pgbench script sends what the backend
+            // sends (BEGIN, the lock statement, ROLLBACK, a flush in 32), so
+            // the ratio is the client library's overhead over pgbench's C
+            // loop, and says nothing of what users compare lockkit with; the
+            // goals against pg_advisory_xact_lock above do.
             let worst = pg
                 .uncontended
                 .iter()
@@ -445,11 +544,11 @@ impl Report {
                 })
                 .min_by(|a, b| a.0.total_cmp(&b.0));
             goals.push(Goal {
-                goal: "PostgreSQL: >= 0.7 of the pgbench bound at the same client count".into(),
+                goal: "PostgreSQL: share of the pgbench bound at the same client count (shown, not checked: replaced by the goals against pg_advisory_xact_lock)".into(),
                 measured: worst.map_or("not measured".into(), |(r, t)| {
                     format!("lowest {r:.2}x (at {t} tasks)")
                 }),
-                met: worst.map(|(r, _)| r >= 0.7),
+                met: None,
             });
         }
         for s in self

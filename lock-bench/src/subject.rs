@@ -11,6 +11,8 @@ pub enum Client {
     Lockkit(Locker),
     /// The `rslock` crate over one or more Redis servers.
     Rslock(rslock::LockManager),
+    /// What etcd and PostgreSQL users pick instead (see [`crate::peers`]).
+    Peer(std::sync::Arc<crate::peers::Peer>),
 }
 
 /// A held lock of either kind.
@@ -19,6 +21,8 @@ pub enum Held {
     Lease(Lease),
     /// rslock's.
     Rslock(rslock::Lock),
+    /// A peer's.
+    Peer(crate::peers::PeerHeld),
 }
 
 impl Client {
@@ -40,6 +44,7 @@ impl Client {
                 .await
                 .map(Held::Rslock)
                 .map_err(|e| e.to_string()),
+            Client::Peer(p) => p.acquire(key, ttl, None).await.map(Held::Peer),
         }
     }
 
@@ -58,6 +63,7 @@ impl Client {
                     Err(_) => Err(format!("not acquired within {wait:?}")),
                 }
             }
+            Client::Peer(p) => p.acquire(key, ttl, Some(wait)).await.map(Held::Peer),
         }
     }
 
@@ -71,6 +77,7 @@ impl Client {
                 m.unlock(&lock).await;
                 Ok(())
             }
+            (Client::Peer(p), Held::Peer(held)) => p.release(held).await,
             _ => Err("a lock released through another client".into()),
         }
     }

@@ -27,7 +27,7 @@ pub enum Error {
     },
 
     /// `acquire` waited as long as it was allowed to and the lock stayed held.
-    #[error("gave up waiting for lock `{key}` after {waited:?}")]
+    #[error("gave up waiting for lock `{key}` after {}", crate::human::duration(*.waited))]
     TimedOut {
         /// The key waited for.
         key: String,
@@ -117,7 +117,7 @@ pub enum Error {
 
 fn remaining_suffix(remaining: Option<Duration>) -> String {
     match remaining {
-        Some(d) => format!(" (expires in {d:?} unless renewed)"),
+        Some(d) => format!(" (expires in {} unless renewed)", crate::human::duration(d)),
         None => String::new(),
     }
 }

@@ -12,6 +12,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// already seen: that turns a holder that lost its lock without knowing it
 /// (a long pause, a slow network) into a refused write instead of a
 /// corrupted one. See [`Fence`] and the PostgreSQL example there.
+///
+/// For a signed 64-bit column, `i64::try_from(token)`. With the `sqlx`
+/// feature the token binds straight into a query, and decodes from a row,
+/// as a `BIGINT` on any database sqlx speaks (a value a `BIGINT` cannot
+/// hold is refused with an error, never wrapped):
+///
+/// ```ignore
+/// sqlx::query("UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2")
+///     .bind(balance)
+///     .bind(guard.fencing_token())
+///     .bind(id)
+///     .execute(&pool)
+///     .await?;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
@@ -36,6 +50,49 @@ impl fmt::Display for FencingToken {
 impl From<FencingToken> for u64 {
     fn from(t: FencingToken) -> u64 {
         t.0
+    }
+}
+
+impl From<u64> for FencingToken {
+    fn from(value: u64) -> FencingToken {
+        FencingToken(value)
+    }
+}
+
+/// For a signed 64-bit column (PostgreSQL's `BIGINT`, MySQL's and SQLite's
+/// `INTEGER`): fails only past `i64::MAX`, which no backend's counter
+/// reaches at any real rate of grants.
+///
+/// ```
+/// use lock_core::FencingToken;
+/// let token = FencingToken::new(42);
+/// assert_eq!(i64::try_from(token), Ok(42));
+/// assert!(i64::try_from(FencingToken::new(u64::MAX)).is_err());
+/// ```
+impl TryFrom<FencingToken> for i64 {
+    type Error = std::num::TryFromIntError;
+    fn try_from(t: FencingToken) -> Result<i64, Self::Error> {
+        i64::try_from(t.0)
+    }
+}
+
+/// A token read back from a signed 64-bit column; fails when negative.
+impl TryFrom<i64> for FencingToken {
+    type Error = std::num::TryFromIntError;
+    fn try_from(value: i64) -> Result<FencingToken, Self::Error> {
+        u64::try_from(value).map(FencingToken)
+    }
+}
+
+impl From<FencingToken> for i128 {
+    fn from(t: FencingToken) -> i128 {
+        i128::from(t.0)
+    }
+}
+
+impl From<FencingToken> for u128 {
+    fn from(t: FencingToken) -> u128 {
+        u128::from(t.0)
     }
 }
 

@@ -113,9 +113,66 @@ impl LockGuard {
         self.token
     }
 
-    /// The current deadline; it moves forward with each renewal.
+    /// The current deadline; it moves forward with each renewal. (A tokio
+    /// `Instant`, so that tests on tokio's paused clock see it move with
+    /// that clock; [`remaining`](Self::remaining) needs no tokio import.)
     pub fn deadline(&self) -> Instant {
         self.status.borrow().deadline
+    }
+
+    /// How long the lock is certainly held from now, unless renewed: zero
+    /// once the deadline has passed or the lock is lost.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{GuardOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let guard = locker.guard("report", GuardOptions::new(Duration::from_secs(30))).await?;
+    /// assert!(guard.is_held());
+    /// assert!(guard.remaining() <= Duration::from_secs(30));
+    /// # Ok(()) }
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        let status = self.status.borrow();
+        match status.lost {
+            Some(_) => Duration::ZERO,
+            None => status.deadline.saturating_duration_since(Instant::now()),
+        }
+    }
+
+    /// Whether the lock is held, as far as this process can tell: not
+    /// lost, and its deadline not passed.
+    pub fn is_held(&self) -> bool {
+        !self.remaining().is_zero()
+    }
+
+    /// Runs `work` while the lock is held: its output, or [`Error::Lost`]
+    /// as soon as the lock is lost (then `work` is dropped at its next
+    /// await, and does no more). The guard stays held after it; release
+    /// it, or run more work under it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{GuardOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let guard = locker.guard("report", GuardOptions::new(Duration::from_secs(30))).await?;
+    /// let rows = guard.run_until_lost(async { 42 }).await?;
+    /// guard.release().await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_until_lost<F: Future>(&self, work: F) -> Result<F::Output> {
+        tokio::select! {
+            biased;
+            reason = self.lost() => Err(Error::lost(self.key.as_str(), reason)),
+            output = work => Ok(output),
+        }
     }
 
     /// Why the lock was lost, if it was.

@@ -361,6 +361,46 @@ impl Locker {
         Ok(output)
     }
 
+    /// Runs fallible `work` while holding `key`, as [`with_lock`](Self::with_lock)
+    /// does, with one error type for both: the lock's errors turn into the
+    /// work's through `From` (as `anyhow::Error`, `Box<dyn Error>` or a
+    /// `#[from] lockkit::Error` variant do), so the caller gets a
+    /// `Result<T, E>` rather than a `Result<Result<T, E>>`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use lock_core::{GuardOptions, Locker, MemoryBackend};
+    ///
+    /// #[derive(Debug)]
+    /// enum JobError { Lock(lock_core::Error), Empty }
+    /// impl From<lock_core::Error> for JobError {
+    ///     fn from(e: lock_core::Error) -> Self { JobError::Lock(e) }
+    /// }
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let options = GuardOptions::new(Duration::from_secs(10));
+    /// let outcome: Result<u64, JobError> = locker
+    ///     .try_with_lock("invoice/42", options, |_token| async { Err(JobError::Empty) })
+    ///     .await;
+    /// assert!(matches!(outcome, Err(JobError::Empty)));
+    /// # }
+    /// ```
+    pub async fn try_with_lock<F, Fut, T, E>(
+        &self,
+        key: &str,
+        options: GuardOptions,
+        work: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        self.with_lock(key, options, work).await?
+    }
+
     /// Operator view: the locks held now under `prefix` (all when empty),
     /// sorted by key, byte by byte. [`Error::Unsupported`] when the backend
     /// cannot list.

@@ -116,6 +116,23 @@ struct Located<'a> {
     held: Option<&'a Held>,
 }
 
+/// What a join request asks for.
+#[derive(Clone, Copy)]
+enum Join {
+    /// A place in the queue, whatever is ahead.
+    Queue,
+    /// The lock now, or nothing written.
+    Try,
+}
+
+/// What a join request did.
+enum Joined {
+    /// The entry was put; true when it heads the queue.
+    Entry(Entry, bool),
+    /// A try found the queue not empty; its head then.
+    Held { head: Option<KeyValue> },
+}
+
 /// A fresh queue entry, revoked on drop unless it became a grant.
 struct Entry {
     entry: Vec<u8>,
@@ -334,14 +351,30 @@ impl EtcdBackend {
         .await
     }
 
-    /// Grants a lease and puts this contender's entry in the queue. Returns
-    /// the entry and the create revision of the queue's head at that moment.
+    /// Grants a lease and puts this contender's entry in the queue, all in
+    /// one request when the queue is empty. Returns the entry and whether it
+    /// heads the queue.
     async fn enqueue(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<(Entry, Option<KeyValue>)> {
+    ) -> Result<(Entry, bool)> {
+        match self.join(key, owner, ttl, Join::Queue).await? {
+            Joined::Entry(entry, heads) => Ok((entry, heads)),
+            Joined::Held { .. } => Err(backend_error("enqueue: no entry was put")),
+        }
+    }
+
+    /// Takes a lease and sends the queue's join request: [`Join::Queue`]
+    /// always puts the entry, [`Join::Try`] only into an empty queue.
+    async fn join(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        how: Join,
+    ) -> Result<Joined> {
         let queue = self.queue(key);
         let mut lease = self.lease_for(key, ttl).await?;
         let (resp, entry, revoke) = loop {
@@ -350,7 +383,10 @@ impl EtcdBackend {
                 lease_id: lease.id,
             };
             let entry = queue.entry(lease.id);
-            let enqueue = queue.enqueue(&entry, lease.id, &owner.to_hex());
+            let enqueue = match how {
+                Join::Queue => queue.enqueue(&entry, lease.id, &owner.to_hex()),
+                Join::Try => queue.try_take(&entry, lease.id, &owner.to_hex()),
+            };
             let put = self.call_lease(key, "enqueue", |mut c| {
                 let enqueue = enqueue.clone();
                 async move { c.txn(enqueue).await }
@@ -373,20 +409,43 @@ impl EtcdBackend {
             }
         };
         let (lease_id, sent) = (lease.id, lease.renewed);
-        if !resp.succeeded() {
-            return Err(backend_error(
-                "enqueue: an entry for a freshly granted lease already exists",
-            ));
-        }
+        let heads = match Queue::joined(&resp) {
+            Ok(Some(heads)) => heads,
+            Ok(None) => {
+                // Nothing was put, so no entry is bound to the lease: kept
+                // for the next acquire, and nothing was written.
+                let mut unused = revoke;
+                unused.disarm();
+                let idle = EtcdLease {
+                    id: lease_id,
+                    ttl_secs: ttl.as_secs() as i64,
+                    renewed: sent,
+                };
+                self.retire_lease(idle).await;
+                let head = gets(&resp).into_iter().next().flatten();
+                return Ok(Joined::Held { head });
+            }
+            Err(()) => {
+                return Err(backend_error(
+                    "enqueue: an entry for a freshly granted lease already exists",
+                ));
+            }
+        };
         // The entry's create revision: its fencing token, and the revision
         // the entries ahead were read at.
         let revision = resp
             .header()
             .map(|h| h.revision())
             .ok_or_else(|| backend_error("enqueue: a reply without a revision"))?;
-        let head = gets(&resp).into_iter().next().flatten();
+        // Read only when the queue was not empty: an entry that heads an
+        // empty queue has nothing ahead.
         let ahead = match resp.op_responses().into_iter().nth(2) {
             Some(TxnOpResponse::Get(newest)) => Ahead::at_enqueue(&newest, &entry),
+            _ if heads => Some(Ahead {
+                all: true,
+                count: Some(0),
+                ..Ahead::default()
+            }),
             _ => None,
         }
         .unwrap_or_default();
@@ -399,7 +458,7 @@ impl EtcdBackend {
             ahead,
             revoke,
         };
-        Ok((entry, head))
+        Ok(Joined::Entry(entry, heads))
     }
 
     /// Finds the entry and etcd lease of `lease`: from its state, or, for a
@@ -534,20 +593,25 @@ impl LockBackend for EtcdBackend {
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
         // The same queue as `acquire`, so that a try never jumps the queue: an
         // entry that does not head it leaves at once.
-        let (entry, head) = self.enqueue(key, owner, ttl).await?;
-        match head {
-            Some(h) if h.create_revision() == entry.revision => {
+        // A try puts its entry only into an empty queue, and otherwise writes
+        // nothing.
+        match self.join(key, owner, ttl, Join::Try).await? {
+            Joined::Entry(entry, true) => {
                 let sent = entry.sent;
                 Ok(entry.into_grant(sent))
             }
-            head => {
-                let remaining = async {
-                    match head {
-                        Some(h) => self.remaining(h.lease()).await,
-                        None => None,
-                    }
+            Joined::Entry(entry, false) => {
+                entry.revoke.now().await;
+                Err(Error::Contended {
+                    key: key.to_string(),
+                    remaining: None,
+                })
+            }
+            Joined::Held { head } => {
+                let remaining = match head {
+                    Some(h) => self.remaining(h.lease()).await,
+                    None => None,
                 };
-                let ((), remaining) = tokio::join!(entry.revoke.now(), remaining);
                 Err(Error::Contended {
                     key: key.to_string(),
                     remaining,
@@ -575,7 +639,7 @@ impl LockBackend for EtcdBackend {
             let joined = self.inner.feeds.join(self.queue(key).prefix());
             // Enqueueing is not cut short by the end of the wait, so that even
             // a zero wait makes one attempt.
-            let (entry, head) = match self.enqueue(key, owner, ttl).await {
+            let (entry, heads) = match self.enqueue(key, owner, ttl).await {
                 Ok(enqueued) => enqueued,
                 Err(e @ Error::Unavailable { .. }) => {
                     let now = Instant::now();
@@ -589,7 +653,7 @@ impl LockBackend for EtcdBackend {
                 }
                 Err(e) => return Err(e),
             };
-            if head.is_some_and(|h| h.create_revision() == entry.revision) {
+            if heads {
                 let sent = entry.sent;
                 return Ok(entry.into_grant(sent));
             }
@@ -710,17 +774,39 @@ impl LockBackend for EtcdBackend {
             return Err(not_held());
         }
         let revision = lease.fencing_token().get() as i64;
-        let deleted = self
-            .txn(
-                "release",
-                Queue::release(&located.entry, revision, &lease.owner().to_hex()),
-            )
-            .await;
+        let deleted = match located.held {
+            // Our own grant: the entry's key names its etcd lease, which is
+            // bound to this entry only until this release (the `released`
+            // flag above), so no one else can have created that key since
+            // the grant, and a plain delete cannot take another holder's
+            // entry. It deletes nothing if the entry is gone (expired,
+            // revoked, forced).
+            Some(_) => self
+                .call("release", |mut c| {
+                    let entry = located.entry.clone();
+                    async move { c.delete(entry, None).await }
+                })
+                .await
+                .map(|resp| resp.deleted() > 0),
+            // A rebuilt lease: its entry is found by revision and owner.
+            None => self
+                .txn(
+                    "release",
+                    Queue::release(&located.entry, revision, &lease.owner().to_hex()),
+                )
+                .await
+                .map(|resp| resp.succeeded()),
+        };
         let deleted = match deleted {
             Ok(deleted) => deleted,
             Err(e) => {
-                // Unknown outcome: the caller may try again.
                 if let Some(held) = located.held {
+                    // No reply: the delete may or may not have run. Ending
+                    // the lease deletes the entry either way, so the lock
+                    // does not stay held until the TTL; the lease is not
+                    // reused, so a retry (allowed again) cannot touch a
+                    // later grant.
+                    self.revoke_quietly(held.lease().id).await;
                     held.released.store(false, Ordering::Release);
                 }
                 return Err(e);
@@ -730,17 +816,13 @@ impl LockBackend for EtcdBackend {
         // was read from the entry, which may have changed hands since. Kept
         // for reuse only when the delete is known to have unbound it.
         if let Some(held) = located.held {
-            if deleted.succeeded() {
+            if deleted {
                 self.retire_lease(held.lease()).await;
             } else {
                 self.revoke_quietly(located.lease_id).await;
             }
         }
-        if deleted.succeeded() {
-            Ok(())
-        } else {
-            Err(not_held())
-        }
+        if deleted { Ok(()) } else { Err(not_held()) }
     }
 
     /// Revokes the idle leases kept for the next acquires.

@@ -11,6 +11,7 @@
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
 use lock_core::LockKey;
 
@@ -101,11 +102,14 @@ impl Queue {
         entry
     }
 
-    /// Creates `entry` bound to `lease` (only if it does not exist: lease ids
-    /// are unique, so this fails only on a bug) and reads the queue's head
-    /// and its newest entries (the new one, then the ones ahead of it,
-    /// nearest first), all in one revision: the put's revision is the
-    /// entry's create revision.
+    /// Joins the queue in one revision: when the queue is empty, only puts
+    /// `entry` bound to `lease` (the new entry heads it: nothing to read);
+    /// otherwise puts it too, and reads the queue's head and its newest
+    /// entries (the new one, then the ones ahead of it, nearest first). The
+    /// put's revision is the entry's create revision either way. Lease ids
+    /// are unique and a lease is bound to one entry at most, so the entry
+    /// does not exist yet: an empty queue proves it, and in a busy one the
+    /// put checks it (see [`Queue::joined`]).
     pub(crate) fn enqueue(&self, entry: &[u8], lease: i64, owner_hex: &str) -> Txn {
         // The entries ahead let a waiter wait on the lock's feed, or set up
         // its own watch before its first queue check rather than after it.
@@ -115,12 +119,52 @@ impl Queue {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(KNOWN_AHEAD + 1);
         Txn::new()
-            .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease))),
+            .when([self.empty()])
+            .and_then([self.put(entry, lease, owner_hex)])
+            .or_else([
+                TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
+                        .and_then([self.put(entry, lease, owner_hex)]),
+                ),
                 TxnOp::get(self.prefix.clone(), Some(self.head())),
                 TxnOp::get(self.prefix.clone(), Some(newest)),
             ])
+    }
+
+    /// One attempt that never queues: puts `entry` bound to `lease` only if
+    /// the queue is empty, and otherwise writes nothing and reads the head
+    /// (for its remaining TTL).
+    pub(crate) fn try_take(&self, entry: &[u8], lease: i64, owner_hex: &str) -> Txn {
+        Txn::new()
+            .when([self.empty()])
+            .and_then([self.put(entry, lease, owner_hex)])
+            .or_else([TxnOp::get(self.prefix.clone(), Some(self.head()))])
+    }
+
+    /// Whether the queue holds no entry: with a range, etcd compares every
+    /// key in it, and an empty range as one key that does not exist.
+    fn empty(&self) -> Compare {
+        Compare::create_revision(self.prefix.clone(), CompareOp::Equal, 0).with_prefix()
+    }
+
+    fn put(&self, entry: &[u8], lease: i64, owner_hex: &str) -> TxnOp {
+        TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease)))
+    }
+
+    /// Whether a reply to [`enqueue`](Self::enqueue) or
+    /// [`try_take`](Self::try_take) shows the entry created anew (`Some`),
+    /// and whether it heads the queue; `None` when no put ran (a try on a
+    /// held lock). An entry that existed before is a bug: `Err`.
+    pub(crate) fn joined(resp: &etcd_client::TxnResponse) -> Result<Option<bool>, ()> {
+        if resp.succeeded() {
+            return Ok(Some(true));
+        }
+        match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Txn(put)) if put.succeeded() => Ok(Some(false)),
+            Some(TxnOpResponse::Txn(_)) => Err(()),
+            _ => Ok(None),
+        }
     }
 
     /// The entry with the lowest create revision: the holder.

@@ -13,7 +13,22 @@
 //! reserved row `FOR KEY SHARE`, which is WAL-logged, conflicts with no other
 //! flush and leaves no dead row behind. The row's name is the empty string,
 //! which no lock key can be; the statement inserts it first if it is missing.
+//!
+//! Most grants need no flush. `nextval` writes a WAL record only every 32
+//! values, logging the value 32 ahead (the sequence's logged bound, its
+//! `last_value + log_cnt` after any `nextval`), and a recovery restarts the
+//! sequence past the last record on disk. So once a flush has covered the
+//! record that logged a bound, every token up to that bound is safe. A
+//! grant reads the bound right after its `nextval`: if it is at most the
+//! highest bound known flushed, the latest record, which covers the token,
+//! is on disk. A checkpoint does not break this: the first `nextval` after
+//! one writes a new record with a higher bound (the checkpoint's copy of
+//! the sequence holds only the values handed out), which is flushed before
+//! its token is used. This rests on INCREMENT BY 1 (the bound grows by one
+//! value per record otherwise); with any other increment every grant
+//! flushes.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex as SyncMutex, MutexGuard};
 use std::time::Duration;
 
@@ -36,6 +51,11 @@ pub(crate) fn budget(response_timeout: Duration) -> Duration {
 pub(crate) struct Flusher {
     conn: Mutex<Option<PgConnection>>,
     counts: SyncMutex<Counts>,
+    /// The highest logged bound of the sequence known to be on disk; 0 for
+    /// none. Stays 0 when bounds do not apply (an increment other than 1).
+    flushed_bound: AtomicI64,
+    /// Whether logged bounds can be trusted (INCREMENT BY 1).
+    bounds_apply: bool,
 }
 
 /// Flushes are numbered in the order they start.
@@ -50,6 +70,27 @@ struct Counts {
 }
 
 impl Flusher {
+    /// A flusher for a sequence with `increment`.
+    pub(crate) fn new(increment: i64) -> Flusher {
+        Flusher {
+            bounds_apply: increment == 1,
+            ..Flusher::default()
+        }
+    }
+
+    /// The highest logged bound known on disk, for the grant statement.
+    pub(crate) fn flushed_bound(&self) -> i64 {
+        self.flushed_bound.load(Ordering::Acquire)
+    }
+
+    /// Records that `logged`, a bound read before a flush that has since
+    /// committed (see [`flush`](Self::flush)), is on disk.
+    pub(crate) fn flushed_through(&self, logged: Option<i64>) {
+        if let (true, Some(logged)) = (self.bounds_apply, logged) {
+            self.flushed_bound.fetch_max(logged, Ordering::AcqRel);
+        }
+    }
+
     fn counts(&self) -> MutexGuard<'_, Counts> {
         self.counts.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -197,7 +197,7 @@ impl PostgresBackend {
             });
         let inner = Inner {
             conns,
-            flusher: Flusher::default(),
+            flusher: Flusher::new(settings.map_or(0, |s| s.increment)),
             monitor,
             statements,
             capabilities,
@@ -283,6 +283,9 @@ impl PostgresBackend {
         let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
         let mut fresh = false;
         let mut vanished = 0;
+        // Rows stay once inserted, so the lock statement comes first and finds
+        // the row but for a lock's first grant.
+        let mut missing = false;
         loop {
             let (mut pinned, reused) = match until {
                 None => inner.conns.pin(fresh).await?,
@@ -301,34 +304,55 @@ impl PostgresBackend {
                 .map(|until| until.saturating_duration_since(Instant::now()))
                 .filter(|left| *left >= Duration::from_millis(1));
             let conn = &mut pinned.conn;
-            let insert = sqlx::query(&inner.statements.insert)
-                .bind(key.as_str())
-                .execute(&mut *conn);
-            match within(rt, endpoint, "the row insert", Box::pin(insert)).await? {
+            if missing {
+                // The row goes in first, in a statement of its own (autocommit): inside
+                // the lock's transaction, a second contender's insert would wait for the
+                // first one's transaction instead of being refused at once.
+                let insert = sqlx::query(&inner.statements.insert)
+                    .bind(key.as_str())
+                    .execute(&mut *conn);
+                match within(rt, endpoint, "the row insert", Box::pin(insert)).await? {
+                    Ok(_) => {}
+                    // An idle connection may have died since its last use: retry once on a new one.
+                    Err(e) if reused && !fresh && errors::is_connection_lost(&e) => {
+                        fresh = true;
+                        continue;
+                    }
+                    Err(e) => return Err(errors::connect(endpoint, e)),
+                }
+            }
+            let idle = sql::grant_idle_timeout(ttl, rt);
+            // Without a wait, the lock statement sets the transaction up itself.
+            let begin = match wait {
+                Some(wait) => sql::begin(idle, wait, inner.modern).into(),
+                None => std::borrow::Cow::Borrowed("BEGIN"),
+            };
+            match within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin)).await? {
                 Ok(_) => {}
-                // An idle connection may have died since its last use: retry once on a new one.
-                Err(e) if reused && !fresh && errors::is_connection_lost(&e) => {
+                Err(e) if reused && !fresh && !missing && errors::is_connection_lost(&e) => {
                     fresh = true;
                     continue;
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }
-            let lock_timeout = wait.unwrap_or(rt);
-            let idle = sql::grant_idle_timeout(ttl, rt);
-            let begin = sql::begin(idle, lock_timeout, wait.is_some() && inner.modern);
-            within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin))
-                .await?
-                .map_err(|e| errors::connect(endpoint, e))?;
-            let statement = if wait.is_some() {
+            let (statement, flushed_bound) = if wait.is_some() {
                 // The server queues this request while the row is held.
                 tracing::debug!(target: lock_core::WAITING_EVENT_TARGET, key = %key, "waiting");
-                &inner.statements.lock_wait
+                // After a wait, the TTL clock restarts with the last statement below.
+                (&inner.statements.lock_wait, 0)
             } else {
-                &inner.statements.lock_nowait
+                (&inner.statements.lock_nowait, inner.flusher.flushed_bound())
             };
-            let lock = sqlx::query_scalar::<_, i64>(statement)
+            let sent = Instant::now();
+            let mut lock = sqlx::query_as::<_, (i64, Option<i64>, Option<bool>)>(statement)
                 .bind(key.as_str())
-                .fetch_optional(&mut *conn);
+                .bind(millis(ttl).to_string())
+                .bind(millis(rt).to_string())
+                .bind(flushed_bound);
+            if wait.is_none() {
+                lock = lock.bind(millis(idle).to_string());
+            }
+            let lock = lock.fetch_optional(&mut *conn);
             match within(
                 rt.saturating_add(wait.unwrap_or_default()),
                 endpoint,
@@ -337,39 +361,60 @@ impl PostgresBackend {
             )
             .await?
             {
-                Ok(Some(token)) => {
-                    // The token was drawn by `nextval` in the holder's transaction, after the
-                    // row lock, so tokens follow the order in which grants lock the row; drawn
-                    // anywhere else (in the flush below, say), a grant that locked the row later
-                    // could draw a smaller token. But that transaction never commits, so nothing
-                    // has flushed the sequence's WAL record: a crash now could recover the
-                    // sequence to an older value and hand the token out again. The flush commits,
-                    // on another connection, a transaction whose commit record follows the token's
-                    // record in the WAL, and waits until it is on disk.
-                    let budget = flush::budget(rt);
-                    let flushed =
-                        inner
-                            .flusher
-                            .flush(&inner.conns, &inner.statements.flush, budget);
-                    if let Err(e) = flushed.await {
-                        inner.conns.roll_back_and_give_back(pinned, rt).await;
-                        return Err(e);
-                    }
-                    // One more statement in the holder's transaction, which drew the token: its
-                    // reply proves no crash came between the token and the flush (a crash ends
-                    // every session), so the flush was of the same WAL. It also sets the
-                    // server's TTL clock (the session's idle timer) to the TTL, from a known
-                    // instant: after the flush, and after any wait in the server's queue.
-                    let sent = Instant::now();
-                    let refresh = sqlx::query_scalar::<_, Option<bool>>(&inner.statements.refresh)
-                        .bind(millis(ttl).to_string())
-                        .bind(millis(rt).to_string())
-                        .fetch_one(&mut *conn);
-                    match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await? {
-                        Ok(Some(true)) => {}
-                        Ok(_) => return Err(Error::lost(key.as_str(), LostReason::NotHeld)),
-                        Err(e) => return Err(errors::connect(endpoint, e)),
-                    }
+                Ok(Some((token, logged, done))) => {
+                    let sent = match (done, wait) {
+                        // The token is already on disk, and the statement set the TTL
+                        // clock: the server starts it when the reply leaves, after `sent`.
+                        (Some(true), _) => sent,
+                        (Some(false), Some(_)) => {
+                            return Err(Error::lost(key.as_str(), LostReason::NotHeld));
+                        }
+                        _ => {
+                            // The token was drawn by `nextval` in the holder's transaction, after the
+                            // row lock, so tokens follow the order in which grants lock the row; drawn
+                            // anywhere else (in the flush below, say), a grant that locked the row later
+                            // could draw a smaller token. But that transaction never commits, so nothing
+                            // has flushed the sequence's WAL record: a crash now could recover the
+                            // sequence to an older value and hand the token out again. The flush commits,
+                            // on another connection, a transaction whose commit record follows the token's
+                            // record in the WAL, and waits until it is on disk.
+                            // (After a wait, a flush since may already have covered it.)
+                            let flushed_bound = inner.flusher.flushed_bound();
+                            if logged.is_none_or(|logged| logged > flushed_bound) {
+                                let budget = flush::budget(rt);
+                                let flushed = inner.flusher.flush(
+                                    &inner.conns,
+                                    &inner.statements.flush,
+                                    budget,
+                                );
+                                if let Err(e) = flushed.await {
+                                    inner.conns.roll_back_and_give_back(pinned, rt).await;
+                                    return Err(e);
+                                }
+                                inner.flusher.flushed_through(logged);
+                            }
+                            // One more statement in the holder's transaction, which drew the token: its
+                            // reply proves no crash came between the token and the flush (a crash ends
+                            // every session), so the flush was of the same WAL. It also sets the
+                            // server's TTL clock (the session's idle timer) to the TTL, from a known
+                            // instant: after the flush, and after any wait in the server's queue.
+                            let sent = Instant::now();
+                            let refresh =
+                                sqlx::query_scalar::<_, Option<bool>>(&inner.statements.refresh)
+                                    .bind(millis(ttl).to_string())
+                                    .bind(millis(rt).to_string())
+                                    .fetch_one(&mut *conn);
+                            match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await?
+                            {
+                                Ok(Some(true)) => {}
+                                Ok(_) => {
+                                    return Err(Error::lost(key.as_str(), LostReason::NotHeld));
+                                }
+                                Err(e) => return Err(errors::connect(endpoint, e)),
+                            }
+                            sent
+                        }
+                    };
                     let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
                     let (watching, lost) = inner.monitor.watch(pinned.session, ttl);
                     pinned.watching = Some(watching);
@@ -379,9 +424,11 @@ impl PostgresBackend {
                     });
                     return Ok(Grant::new(token).sent_at(sent).with_state(state));
                 }
-                // Someone deleted the row between the insert and the lock: insert again.
+                // No row: inserted first on the next round. A row deleted again
+                // between the insert and the lock goes in again, a few times.
                 Ok(None) if vanished < 3 => {
-                    vanished += 1;
+                    vanished += usize::from(missing);
+                    missing = true;
                     inner.conns.roll_back_and_give_back(pinned, rt).await;
                 }
                 Ok(None) => {

@@ -101,11 +101,23 @@ pub(crate) struct Statements {
     /// Autocommit, before the transaction: a contender never blocks on a
     /// holder's uncommitted insert, and an existing row is left alone.
     pub insert: String,
-    /// Locks the row without waiting, then draws the token: `nextval` runs
-    /// only once the row is locked, so tokens follow the order of grants.
-    /// The token is not durable until a flush follows (see `flush.rs`).
+    /// The grant in one statement, after a bare `BEGIN`: locks the row
+    /// without waiting (no row: the row is missing, and the caller inserts
+    /// it first), then draws the token: `nextval` runs only once the row is
+    /// locked, so tokens follow the order of grants. Returns the token, the
+    /// sequence's logged bound read after it (see `flush.rs`), and whether
+    /// that bound is at most `$4` (already on disk). It also sets up the
+    /// lock's transaction as [`begin`] does, with no wait: the held mark,
+    /// `lock_timeout` to the response timeout (`$3`), `transaction_timeout`
+    /// off, and the idle limit to the TTL (`$2`) when the token is on disk,
+    /// so one round trip grants, or else to the grant's idle limit (`$5`,
+    /// see [`grant_idle_timeout`]) until a flush and
+    /// [`refresh`](Self::refresh) follow.
     pub lock_nowait: String,
-    /// The same, waiting in the server's lock queue up to `lock_timeout`.
+    /// Locks the row, waiting in the server's lock queue up to
+    /// `lock_timeout`, after [`begin`]; returns the token, the logged bound,
+    /// and NULL when sent with `$4` = 0 (after a wait, the grant ends with
+    /// [`refresh`](Self::refresh), which restarts the TTL clock).
     pub lock_wait: String,
     /// Whether the lock's transaction is still open, and the new idle
     /// timeout (`$1`).
@@ -133,14 +145,38 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn new(names: &Names) -> Statements {
         let (table, sequence) = (names.table(), names.sequence());
+        // `drawn` is materialised (it calls a volatile function), so the
+        // correlated read of the sequence runs after `nextval`; OFFSET 0
+        // keeps `x` a subquery, so the bound is read once.
         let lock = |wait: &str| {
             format!(
-                "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE{wait}) SELECT nextval('{sequence}') FROM held"
+                "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE{wait}), \
+                 drawn AS (SELECT nextval('{sequence}') AS token FROM held) \
+                 SELECT x.token, x.logged, CASE WHEN x.logged <= $4 \
+                 THEN current_setting('{HELD_MARK}', true) = 'on' \
+                 AND set_config('idle_in_transaction_session_timeout', $2, true) IS NOT NULL \
+                 AND set_config('lock_timeout', $3, true) IS NOT NULL \
+                 AND set_config('statement_timeout', current_setting('{SAVED_STATEMENT_TIMEOUT}'), true) IS NOT NULL END \
+                 FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
+                 FROM drawn d OFFSET 0) x"
             )
         };
+        let lock_nowait = format!(
+            "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE NOWAIT), \
+             drawn AS (SELECT nextval('{sequence}') AS token FROM held) \
+             SELECT x.token, x.logged, \
+             set_config('{HELD_MARK}', 'on', true) = 'on' \
+             AND set_config('{SAVED_STATEMENT_TIMEOUT}', current_setting('statement_timeout'), true) IS NOT NULL \
+             AND set_config('lock_timeout', $3, true) IS NOT NULL \
+             AND (current_setting('transaction_timeout', true) IS NULL OR set_config('transaction_timeout', '0', true) IS NOT NULL) \
+             AND set_config('idle_in_transaction_session_timeout', CASE WHEN x.logged <= $4 THEN $2 ELSE $5 END, true) IS NOT NULL \
+             AND x.logged <= $4 \
+             FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
+             FROM drawn d OFFSET 0) x"
+        );
         Statements {
             insert: format!("INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"),
-            lock_nowait: lock(" NOWAIT"),
+            lock_nowait,
             lock_wait: lock(""),
             extend: format!(
                 "SELECT current_setting('{HELD_MARK}', true) = 'on', set_config('idle_in_transaction_session_timeout', $1, true)"
@@ -370,18 +406,22 @@ mod tests {
         // pgbench sends a line's statements in one round trip when `\;` joins them.
         let joined = |sql: &str| sql.replace("; ", " \\; ");
         let expected = [
-            format!("{};", statements.insert.replace("$1", key)),
-            joined(&begin(grant_idle_timeout(ttl, rt), rt, false)),
-            format!("{};", statements.lock_nowait.replace("$1", key)),
+            "BEGIN;".to_owned(),
             format!(
                 "{};",
                 statements
-                    .refresh
-                    .replace("$1", &format!("'{}'", millis(ttl)))
-                    .replace("$2", &format!("'{}'", millis(rt)))
+                    .lock_nowait
+                    .replace("$1", key)
+                    .replace("$2", &format!("'{}'", millis(ttl)))
+                    .replace("$3", &format!("'{}'", millis(rt)))
+                    .replace("$4", &i64::MAX.to_string())
+                    .replace("$5", &format!("'{}'", millis(grant_idle_timeout(ttl, rt))))
             ),
             "ROLLBACK;".to_owned(),
+            "\\set flush random(1, 32)".to_owned(),
+            "\\if :flush = 1".to_owned(),
             joined(&statements.flush),
+            "\\endif".to_owned(),
         ];
         let script = include_str!("../examples/pairs.pgbench.sql");
         let sent: Vec<&str> = script.lines().filter(|l| !l.starts_with("--")).collect();

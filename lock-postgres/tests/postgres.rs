@@ -809,6 +809,17 @@ async fn flush_blocker(url: &str, schema: &str) -> PgConnection {
     blocker
 }
 
+/// Moves `schema`'s sequence on, so that the next token is beyond every
+/// value its last WAL record logged ahead: the next grant needs a flush.
+async fn past_the_flushed_tokens(conn: &mut PgConnection, schema: &str) {
+    let sequence = format!("\"{schema}\".fencing_tokens");
+    sqlx::query("SELECT setval($1::regclass, nextval($1::regclass) + 100)")
+        .bind(&sequence)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
     let Some((url, schema, backend, locker)) = on_own_schema(500).await else {
@@ -822,6 +833,7 @@ async fn a_failed_token_flush_frees_the_lock_and_hands_out_no_token() {
     locker.release(lease).await.unwrap();
 
     let mut blocker = flush_blocker(&url, &schema).await;
+    past_the_flushed_tokens(&mut blocker, &schema).await;
     let failed = timeout(LIMIT, locker.try_acquire(&key, Duration::from_secs(30)))
         .await
         .expect("the grant hung");

@@ -387,12 +387,7 @@ impl EtcdMember {
     /// Prometheus metrics: what a test counts to show how many requests
     /// the client sent. Plain HTTP, so not for a TLS cluster.
     pub fn grpc_calls_started(&self, method: &str) -> io::Result<u64> {
-        use std::io::{Read, Write};
-        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.client_port()))?;
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut body = String::new();
-        conn.read_to_string(&mut body)?;
+        let body = self.metrics()?;
         let wanted = format!("grpc_method=\"{method}\"");
         // No line at all until the first such call.
         Ok(body
@@ -401,6 +396,29 @@ impl EtcdMember {
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|n| n.parse::<f64>().ok())
             .map_or(0, |n| n as u64))
+    }
+
+    /// The value of the unlabelled counter `name` (`"etcd_mvcc_put_total"`,
+    /// `"etcd_mvcc_range_total"`...) in this member's Prometheus metrics; 0
+    /// before it first counts. Plain HTTP, so not for a TLS cluster.
+    pub fn counter(&self, name: &str) -> io::Result<u64> {
+        let body = self.metrics()?;
+        Ok(body
+            .lines()
+            .find(|l| l.split(' ').next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .map_or(0, |n| n as u64))
+    }
+
+    fn metrics(&self) -> io::Result<String> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.client_port()))?;
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut body = String::new();
+        conn.read_to_string(&mut body)?;
+        Ok(body)
     }
 
     fn wait_healthy(&self) -> io::Result<()> {

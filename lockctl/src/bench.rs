@@ -18,9 +18,19 @@ pub struct BenchArgs {
     /// Report folder.
     #[arg(long, value_name = "DIR", default_value = "target/lab-report")]
     out: PathBuf,
-    /// Only these, comma-separated: memory, redis, redis-cluster, redlock, etcd, postgres, rslock.
+    /// Only these, comma-separated: memory, redis, redis-cluster, redlock, etcd, postgres, rslock,
+    /// etcd-v3lock, pg-advisory-session, pg-advisory-xact.
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     backends: Option<Vec<String>>,
+    /// Only the paired rounds behind the goals that compare two clients (a couple of minutes).
+    #[arg(long)]
+    paired_only: bool,
+    /// Paired rounds per comparison (default: 3 quick, 9 full).
+    #[arg(long, value_name = "N")]
+    rounds: Option<usize>,
+    /// Length of each paired round, in milliseconds (default: 400 quick, 1000 full).
+    #[arg(long, value_name = "MS")]
+    round_ms: Option<u64>,
 }
 
 /// Runs the lab; exits 69 if a backend or bound produced no figures.
@@ -33,6 +43,9 @@ pub async fn run(args: &BenchArgs) -> ExitCode {
         },
         out: args.out.clone(),
         only: args.backends.clone(),
+        paired_only: args.paired_only,
+        rounds: args.rounds,
+        round: args.round_ms.map(std::time::Duration::from_millis),
     };
     let report = match lock_bench::run(&options).await {
         Ok(r) => r,

@@ -3,7 +3,9 @@
 //! an operator would learn of trouble only when the lock was lost.
 //!
 //! `LOCKKIT_LOG` sets the level of lockkit's own events: `off`, `error`,
-//! `warn` (the default), `info`, `debug` or `trace`. They carry no owner
+//! `warn` (the default), `info`, `debug` or `trace`; or, for finer control,
+//! takes RUST_LOG-style directives (`lock_core=info,lock_redis=debug,warn`),
+//! read by tracing-subscriber's `Targets`, which then apply as written. They carry no owner
 //! token or password, so no level shows one. The client libraries under
 //! the backends (redis, etcd-client, sqlx) are shown at `error` only
 //! (`off` silences them too): at lower levels they speak of their own
@@ -44,16 +46,7 @@ pub const VAR: &str = "LOCKKIT_LOG";
 /// Sends events at the level `LOCKKIT_LOG` names to stderr. An unknown
 /// level is refused, naming the ones there are.
 pub fn init() -> Result<(), String> {
-    let level = match std::env::var(VAR) {
-        Err(_) => LevelFilter::WARN,
-        Ok(text) => level(&text)?,
-    };
-    let others = level.min(LevelFilter::ERROR);
-    let filter = OURS
-        .iter()
-        .fold(Targets::new().with_default(others), |f, target| {
-            f.with_target(*target, level)
-        });
+    let filter = filter(std::env::var(VAR).ok().as_deref())?;
     tracing_subscriber::registry()
         .with(output(std::io::stderr, std::io::stderr().is_terminal()))
         .with(filter)
@@ -89,6 +82,30 @@ fn fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
         },
     )
     .delimited(" ")
+}
+
+/// The filter `LOCKKIT_LOG` asks for: a level for lockkit's own events
+/// (the client libraries below at `error` at most), or directives.
+fn filter(var: Option<&str>) -> Result<Targets, String> {
+    let Some(text) = var else {
+        return Ok(ours_at(LevelFilter::WARN));
+    };
+    if text.contains(['=', ',']) {
+        return text.parse::<Targets>().map_err(|e| {
+            format!(
+                "{VAR}=`{text}` is neither a level nor directives like lock_core=info,warn: {e}"
+            )
+        });
+    }
+    level(text).map(ours_at)
+}
+
+fn ours_at(level: LevelFilter) -> Targets {
+    let others = level.min(LevelFilter::ERROR);
+    OURS.iter()
+        .fold(Targets::new().with_default(others), |f, target| {
+            f.with_target(*target, level)
+        })
 }
 
 fn level(text: &str) -> Result<LevelFilter, String> {
@@ -149,6 +166,24 @@ mod tests {
             text.contains("error=ERR \\u{1b}]0;owned\\u{7}\\u{202e}\\u{2028}forged"),
             "{text:?}"
         );
+    }
+
+    #[test]
+    fn directives_set_each_target_and_bad_ones_are_refused() {
+        let f = filter(Some("lock_core=info,lock_redis=debug,warn")).unwrap();
+        assert!(f.would_enable("lock_core::locker", &tracing::Level::INFO));
+        assert!(!f.would_enable("lock_core::locker", &tracing::Level::DEBUG));
+        assert!(f.would_enable("lock_redis", &tracing::Level::DEBUG));
+        assert!(f.would_enable("sqlx", &tracing::Level::WARN));
+        assert!(!f.would_enable("sqlx", &tracing::Level::INFO));
+        let err = filter(Some("lock_core=loud")).unwrap_err();
+        assert!(err.contains("`lock_core=loud`"), "{err}");
+        let plain = filter(Some("debug")).unwrap();
+        assert!(plain.would_enable("lock_etcd", &tracing::Level::DEBUG));
+        assert!(!plain.would_enable("etcd_client", &tracing::Level::WARN));
+        let default = filter(None).unwrap();
+        assert!(default.would_enable("lock_core", &tracing::Level::WARN));
+        assert!(!default.would_enable("lock_core", &tracing::Level::INFO));
     }
 
     #[test]

@@ -4,18 +4,22 @@
 mod bench;
 mod descendants;
 mod exit;
+mod hold;
 mod log;
 mod printable;
 mod run;
+mod show;
 mod stop;
 mod target;
+mod terminal;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use lockkit::config::{Config, parse_duration};
 use lockkit::url;
 
@@ -30,12 +34,14 @@ use crate::target::Target;
 ///
 /// The library's warnings (a failed renewal being retried, a Redlock node
 /// not answering) go to stderr; LOCKKIT_LOG sets the level: off, error,
-/// warn (the default), info, debug or trace.
+/// warn (the default), info, debug or trace, or takes RUST_LOG-style
+/// directives (`lock_core=info,warn`).
 #[derive(Parser)]
 #[command(name = "lockctl", version, after_help = exit::HELP)]
 struct Cli {
     /// Backend URL, e.g. redis://127.0.0.1:6379 or etcd://h1:2379,h2:2379,h3:2379.
-    #[arg(long, global = true, value_name = "URL")]
+    // The value is never shown in the help: it may hold a password.
+    #[arg(long, global = true, value_name = "URL", env = target::URL_ENV, hide_env_values = true)]
     url: Option<String>,
     /// Profile of the config file to use (its URL, TTL, wait, key prefix and requirements).
     #[arg(long, global = true, value_name = "NAME")]
@@ -61,7 +67,11 @@ enum Cmd {
     /// also to every other process CMD started (see below). What is still
     /// running --grace after a forwarded SIGTERM gets SIGKILL. lockctl
     /// itself is not stopped by Ctrl-Z (SIGTSTP), which would stop its
-    /// renewals while CMD runs on. If the lock is lost, CMD and every
+    /// renewals while CMD runs on. In a terminal, CMD's group gets the
+    /// foreground, as under flock: CMD reads what is typed and Ctrl-C
+    /// reaches it directly; a Ctrl-Z that stops it is undone (lockctl
+    /// continues it: stopped, it would keep the lock from everyone with
+    /// no one to resume it). If the lock is lost, CMD and every
     /// process it started get SIGTERM, then SIGKILL after --grace, and
     /// lockctl exits 77. Processes CMD leaves behind are terminated the same
     /// way before the lock is released (after a forwarded SIGTERM, within
@@ -84,12 +94,8 @@ enum Cmd {
     Run {
         /// The lock's key.
         key: String,
-        /// TTL of the grant, renewed every TTL/3 [default: the profile's, else 30s].
-        #[arg(long, value_parser = duration)]
-        ttl: Option<Duration>,
-        /// How long to wait for the lock [default: the profile's, else 0s].
-        #[arg(long, value_parser = duration)]
-        wait: Option<Duration>,
+        #[command(flatten)]
+        lock: LockArgs,
         /// Time between SIGTERM and SIGKILL when CMD and what it started must stop (at most 1h).
         #[arg(long, value_parser = grace, default_value = "10s")]
         grace: Duration,
@@ -97,10 +103,25 @@ enum Cmd {
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+    /// Acquire KEY and hold it, renewing it, until Ctrl-C, SIGTERM or SIGHUP; then release it.
+    ///
+    /// Prints `KEY<TAB>held<TAB>fencing_token=N` once the lock is held, and
+    /// `KEY<TAB>released` when it lets go (exit 0). Exit 77 if the lock is
+    /// lost meanwhile, 75 if it was not acquired within --wait. Ctrl-Z is
+    /// ignored: stopped, lockctl would stop renewing.
+    Hold {
+        /// The lock's key.
+        key: String,
+        #[command(flatten)]
+        lock: LockArgs,
+    },
     /// Whether KEY is held, with its remaining TTL and fencing token (exit 1 if free).
     Status {
         /// The lock's key.
         key: String,
+        /// One JSON object: key, held, remaining_ms, fencing_token (null where unknown).
+        #[arg(long)]
+        json: bool,
     },
     /// The locks held under PREFIX (all when omitted), with remaining TTL and fencing token.
     ///
@@ -114,6 +135,9 @@ enum Cmd {
     List {
         /// Key prefix.
         prefix: Option<String>,
+        /// One JSON array of objects as `status --json` prints them.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete KEY's grant whoever holds it (operators only; exit 1 if it was free).
     ///
@@ -141,6 +165,31 @@ enum Cmd {
     /// Measure every backend against its server's bound and the rslock crate (the lab).
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
+}
+
+/// How long to hold a lock and how long to wait for it.
+#[derive(Args)]
+struct LockArgs {
+    /// TTL of the grant, renewed every TTL/3 [default: the profile's, else 30s].
+    #[arg(long, value_parser = duration)]
+    ttl: Option<Duration>,
+    /// How long to wait for the lock, e.g. 10s or 2m [default: the profile's, else until it is free].
+    #[arg(long, value_parser = duration)]
+    wait: Option<Duration>,
+    /// Do not wait: fail with exit code 75 at once if the lock is held.
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    no_wait: bool,
+}
+
+impl LockArgs {
+    /// The wait the flags ask for, if they ask for one.
+    fn wait(&self) -> Option<Duration> {
+        if self.no_wait {
+            Some(Duration::ZERO)
+        } else {
+            self.wait
+        }
+    }
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -189,8 +238,19 @@ fn scrub_urls(text: &str) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let cli = match parsed {
+        Ok((mut cli, matches)) => {
+            // LOCK_URL is the fallback when no flag names a backend: a
+            // --profile given with it set is no conflict.
+            let from_env = matches.value_source("url") == Some(ValueSource::EnvVariable);
+            if (from_env && cli.profile.is_some()) || cli.url.as_deref() == Some("") {
+                cli.url = None;
+            }
+            cli
+        }
         Err(e) if !e.use_stderr() => {
             // --help or --version.
             let _ = e.print();
@@ -206,7 +266,11 @@ fn main() -> ExitCode {
                 .collect();
             let first = first.join(" ");
             let first = first.strip_prefix("error: ").unwrap_or(&first);
-            eprintln!("lockctl: {} (see lockctl --help)", printable::text(first));
+            eprintln!(
+                "lockctl: {}{} (see lockctl --help)",
+                printable::text(first),
+                double_dash_hint(e.kind())
+            );
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -240,6 +304,12 @@ async fn dispatch(cli: Cli) -> ExitCode {
     }
     #[cfg(feature = "bench")]
     if let Cmd::Bench(args) = &cli.command {
+        if cli.url.is_some() || cli.profile.is_some() {
+            eprintln!(
+                "lockctl: bench measures the servers that scripts/servers.sh starts (their URLs come from LOCKKIT_*_URL), not --url, --profile or LOCK_URL; unset them"
+            );
+            return ExitCode::from(exit::USAGE);
+        }
         return bench::run(args).await;
     }
     if let Cmd::CheckConfig { file, offline } = &cli.command {
@@ -264,15 +334,14 @@ async fn dispatch(cli: Cli) -> ExitCode {
     match cli.command {
         Cmd::Run {
             key,
-            ttl,
-            wait,
+            lock,
             grace,
             command,
         } => {
             let opts = run::RunOptions {
                 key: target.key(&key),
-                ttl: target.ttl(ttl),
-                wait: target.wait(wait),
+                ttl: target.ttl(lock.ttl),
+                wait: target.wait(lock.wait()),
                 grace,
                 command,
             };
@@ -283,16 +352,31 @@ async fn dispatch(cli: Cli) -> ExitCode {
             locker.close_idle().await;
             code
         }
-        Cmd::Status { key } => {
+        Cmd::Hold { key, lock } => {
+            let key = target.key(&key);
+            let code =
+                hold::hold(locker, &key, target.ttl(lock.ttl), target.wait(lock.wait())).await;
+            locker.close_idle().await;
+            code
+        }
+        Cmd::Status { key, json } => {
             let key = target.key(&key);
             if let Err(e) = locker.key(&key) {
                 return exit::fail(&e);
             }
             match locker.inspect(&key).await {
                 Ok(held) => match held.iter().find(|h| h.key == key) {
-                    Some(h) => {
-                        println!("{}", describe(h));
+                    Some(h) if json => {
+                        println!("{}", show::json(&show::Entry::held(h)));
                         ExitCode::SUCCESS
+                    }
+                    Some(h) => {
+                        println!("{}", show::line(h));
+                        ExitCode::SUCCESS
+                    }
+                    None if json => {
+                        println!("{}", show::json(&show::Entry::free(&key)));
+                        ExitCode::from(1)
                     }
                     None => {
                         println!("{}\tfree", printable::key(&key));
@@ -302,12 +386,17 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 Err(e) => exit::fail(&e),
             }
         }
-        Cmd::List { prefix } => {
+        Cmd::List { prefix, json } => {
             let prefix = target.key(prefix.as_deref().unwrap_or(""));
             match locker.inspect(&prefix).await {
+                Ok(held) if json => {
+                    let entries: Vec<_> = held.iter().map(show::Entry::held).collect();
+                    println!("{}", show::json(&entries));
+                    ExitCode::SUCCESS
+                }
                 Ok(held) => {
                     for h in &held {
-                        println!("{}", describe(h));
+                        println!("{}", show::line(h));
                     }
                     ExitCode::SUCCESS
                 }
@@ -334,21 +423,16 @@ async fn dispatch(cli: Cli) -> ExitCode {
     }
 }
 
-/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as
-/// `?`; the key escaped where it could spoof the terminal).
-fn describe(h: &lockkit::HeldLock) -> String {
-    let remaining = h
-        .remaining
-        .map(|d| format!("{:.1}s", d.as_secs_f64()))
-        .unwrap_or_else(|| "?".into());
-    let token = h
-        .fencing_token
-        .map(|t| t.get().to_string())
-        .unwrap_or_else(|| "?".into());
-    format!(
-        "{}\theld\tremaining={remaining}\tfencing_token={token}",
-        printable::key(&h.key)
-    )
+/// A hint for `lockctl run KEY CMD ARGS` typed without `--`, which clap
+/// reports only as an unexpected argument.
+fn double_dash_hint(kind: clap::error::ErrorKind) -> &'static str {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let runs = args.iter().any(|a| a == "run");
+    if kind == clap::error::ErrorKind::UnknownArgument && runs && !args.iter().any(|a| a == "--") {
+        "; put the command after `--`: lockctl run KEY -- CMD [ARGS...]"
+    } else {
+        ""
+    }
 }
 
 async fn check_config(file: &PathBuf, offline: bool) -> ExitCode {

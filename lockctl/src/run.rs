@@ -26,6 +26,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::exit;
 use crate::printable;
 use crate::stop::Tree;
+use crate::terminal::{self, Foreground};
 
 /// What `lockctl run` was asked to do.
 pub struct RunOptions {
@@ -141,6 +142,9 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         return ExitCode::from(exit::CANNOT_EXECUTE);
     };
 
+    // In a terminal, the command gets its foreground (lockctl keeps its
+    // own group, and gets the terminal back when `foreground` is dropped).
+    let foreground = Foreground::lend(pgid);
     let mut tree = Tree::new(pgid);
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -177,12 +181,20 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
             _ = hup.recv() => tree.forward(Signal::SIGHUP),
             _ = quit.recv() => tree.forward(Signal::SIGQUIT),
             // An orphan re-parented to lockctl has exited: reap it now, or
-            // a long run would collect zombies.
-            _ = orphans.recv() => drop(tree.left()),
+            // a long run would collect zombies. Or the command was stopped
+            // (Ctrl-Z in the terminal it holds): it goes on.
+            _ = orphans.recv() => {
+                drop(tree.left());
+                if let Some(fg) = &foreground
+                    && terminal::is_stopped(pgid)
+                {
+                    fg.resume();
+                }
+            }
             () = killing => {
                 eprintln!(
-                    "lockctl: the command was still running {:?} after SIGTERM; killing it and every process it started",
-                    opts.grace
+                    "lockctl: the command was still running {} after SIGTERM; killing it and every process it started",
+                    lockkit::human::duration(opts.grace)
                 );
                 tree.kill_all();
                 killed = true;
@@ -190,6 +202,7 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
         }
     };
 
+    drop(foreground);
     // Whatever the command left running would run on without the lock: it
     // goes before the lock is released. After a forwarded SIGTERM the grace
     // period is already running (or over): it is not started again when

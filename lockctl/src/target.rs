@@ -73,9 +73,10 @@ impl Target {
             .unwrap_or(lockkit::config::DEFAULT_TTL)
     }
 
-    /// The wait: the flag, else the profile's, else none.
+    /// The wait: the flag, else the profile's, else until the lock is free
+    /// (as `flock` and `etcdctl lock` do).
     pub fn wait(&self, flag: Option<Duration>) -> Duration {
         flag.or(self.profile.as_ref().map(|p| p.wait))
-            .unwrap_or(Duration::ZERO)
+            .unwrap_or(Duration::MAX)
     }
 }

@@ -98,23 +98,15 @@ impl fmt::Debug for Profile {
     }
 }
 
-/// Parses a duration written as a whole number and a unit: `500ms`, `30s`,
-/// `2m`, `1h` (`0` alone is also accepted).
+/// Parses a duration as people write them: `500ms`, `30s`, `2m`, `1h`,
+/// `1h 30m` (humantime's syntax; `0` alone is also accepted).
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let bad = || format!("`{text}` is not a duration like 500ms, 30s, 2m or 1h");
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let secs = |mul: u64| n.checked_mul(mul).map(Duration::from_secs).ok_or_else(bad);
-    match unit.trim() {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => secs(1),
-        "m" | "min" => secs(60),
-        "h" => secs(3600),
-        "" if n == 0 => Ok(Duration::ZERO),
-        _ => Err(bad()),
+    if t == "0" {
+        return Ok(Duration::ZERO);
     }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("`{text}` is not a duration like 500ms, 30s, 2m or 1h 30m ({e})"))
 }
 
 // ---- the file format ------------------------------------------------------
@@ -337,6 +329,27 @@ impl Profile {
         GuardOptions::new(self.ttl).wait(self.wait)
     }
 
+    /// The lock `name` as this profile takes it: its key prefix applied,
+    /// its TTL and wait as the options, on `locker` (one this profile
+    /// connected, [`Profile::connect`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit::Result<()> {
+    /// let config = lockkit::config::Config::parse(
+    ///     "[profiles.jobs]\nurl = \"memory://\"\nprefix = \"jobs/\"\nttl = \"30s\"\n",
+    ///     "inline",
+    /// )?;
+    /// let profile = config.profile("jobs")?;
+    /// let locker = profile.connect().await?;
+    /// let report = profile.lock(&locker, "nightly-report")?;
+    /// assert_eq!(report.key(), "jobs/nightly-report");
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, locker: &Locker, name: &str) -> Result<crate::Lock> {
+        locker.lock(&self.key(name), self.guard_options())
+    }
+
     /// Checks the backend's capabilities against this profile's
     /// requirements, and the TTL against its limits. The error names the
     /// profile, each requirement not met, and what the backend offers.
@@ -433,7 +446,9 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        for bad in ["30", "", "s", "1.5s", "-1s", "3d", "99999999999999999999s"] {
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2min"), Ok(Duration::from_secs(120)));
+        for bad in ["30", "", "s", "-1s", "1x", "99999999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

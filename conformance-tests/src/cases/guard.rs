@@ -1,5 +1,7 @@
 //! Guards: renewal, loss, release on drop, `with_lock`.
 
+use std::time::Duration;
+
 use lock_core::{Error, GuardOptions, LostReason};
 use tokio::time::Instant;
 
@@ -50,7 +52,8 @@ fn told_by_the_backend(reason: LostReason) {
 }
 
 /// When the grant is removed behind the guard's back, `lost()` fires, from
-/// what the backend says, and the lock is free for others.
+/// what the backend says, work run with `run_until_lost` is stopped, the
+/// guard says it is no longer held, and the lock is free for others.
 pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
     let key = fx.key("guard-lost");
     let guard = fx
@@ -58,11 +61,29 @@ pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
         .guard(&key, renewing_often(fx))
         .await
         .expect("guard");
+    assert!(guard.is_held(), "a new guard is held");
+    let left = guard.remaining();
+    assert!(
+        !left.is_zero() && left <= LONG_TTL,
+        "remaining {left:?} out of (0, {LONG_TTL:?}]"
+    );
     let lost = guard.lost();
     let lease_key = guard.key().to_string();
+    let endless_work = guard.run_until_lost(std::future::pending::<()>());
     fx.sabotage.remove_grant(&lease_key).await;
+    let stopped = within(SLACK, "run_until_lost stops the work", endless_work).await;
+    assert!(
+        matches!(stopped, Err(Error::Lost { .. })),
+        "work under a lost lock must end in Error::Lost: {stopped:?}"
+    );
     within(SLACK, "the guard's lost() fires", lost).await;
     told_by_the_backend(guard.lost_reason().expect("a lost guard has a reason"));
+    assert!(!guard.is_held(), "a lost guard says it is not held");
+    assert_eq!(
+        guard.remaining(),
+        Duration::ZERO,
+        "a lost guard has no time left"
+    );
     let next = fx
         .locker
         .acquire(&key, LONG_TTL, SLACK)
@@ -134,4 +155,46 @@ pub async fn with_lock_runs_the_work_and_releases(fx: &Fixture) {
         Err(Error::Lost { reason, .. }) => told_by_the_backend(reason),
         other => panic!("expected lost, got {other:?}"),
     }
+}
+
+/// A `Lock` handle takes its key with its options; `try_with_lock` hands
+/// the work's own error back, releases the lock after it, and turns the
+/// lock's errors (here: busy) into the work's error type.
+pub async fn a_lock_handle_and_fallible_work(fx: &Fixture) {
+    #[derive(Debug)]
+    enum JobError {
+        Lock(Error),
+        Failed(u64),
+    }
+    impl From<Error> for JobError {
+        fn from(e: Error) -> Self {
+            JobError::Lock(e)
+        }
+    }
+
+    let key = fx.key("handle");
+    let lock = fx
+        .locker
+        .lock(&key, GuardOptions::new(LONG_TTL))
+        .expect("a valid key");
+    assert_eq!(lock.key(), key);
+    let failed: Result<(), JobError> = lock
+        .try_with_lock(|token| async move { Err(JobError::Failed(token.get())) })
+        .await;
+    assert!(
+        matches!(failed, Err(JobError::Failed(t)) if t > 0),
+        "{failed:?}"
+    );
+
+    let guard = lock.guard().await.expect("free again after failed work");
+    let busy: Result<(), JobError> = lock.try_with_lock(|_| async { Ok(()) }).await;
+    assert!(
+        matches!(&busy, Err(JobError::Lock(e)) if e.is_contended()),
+        "{busy:?}"
+    );
+    guard.release().await.expect("release");
+    assert!(
+        fx.locker.lock("", GuardOptions::new(LONG_TTL)).is_err(),
+        "an empty key is refused when the handle is made"
+    );
 }

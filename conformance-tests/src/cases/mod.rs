@@ -15,8 +15,9 @@ mod waiting;
 pub use exclusion::mutual_exclusion;
 pub use fencing::fencing_tokens_strictly_increase;
 pub use guard::{
-    dropped_guard_frees_the_lock, guard_keeps_the_lock_across_ttls,
-    guard_reports_loss_when_the_grant_is_removed, with_lock_runs_the_work_and_releases,
+    a_lock_handle_and_fallible_work, dropped_guard_frees_the_lock,
+    guard_keeps_the_lock_across_ttls, guard_reports_loss_when_the_grant_is_removed,
+    with_lock_runs_the_work_and_releases,
 };
 pub use input::{capabilities_are_consistent, invalid_input_is_refused_and_leaves_nothing_held};
 pub use lifecycle::{

@@ -1,0 +1,145 @@
+//! What an uncontended lock costs the cluster: the requests and the reads
+//! and writes each one applies (on a private one-member cluster, whose
+//! metrics count them).
+
+mod common;
+
+use std::time::Duration;
+
+use lock_core::Error;
+use lock_testkit::EtcdCluster;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The member's counts of applied puts, deletes, reads and transactions,
+/// and of the requests started on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    puts: u64,
+    deletes: u64,
+    reads: u64,
+    txns: u64,
+    lease_grants: u64,
+    lease_revokes: u64,
+    requests: u64,
+}
+
+fn counts(cluster: &EtcdCluster) -> Counts {
+    let member = cluster.member(0);
+    let counter = |name: &str| member.counter(name).expect("read the member's metrics");
+    let calls = |method: &str| common::calls_started(cluster, method);
+    Counts {
+        puts: counter("etcd_mvcc_put_total"),
+        deletes: counter("etcd_mvcc_delete_total"),
+        reads: counter("etcd_mvcc_range_total"),
+        txns: counter("etcd_mvcc_txn_total"),
+        lease_grants: calls("LeaseGrant"),
+        lease_revokes: calls("LeaseRevoke"),
+        requests: [
+            "Range",
+            "Put",
+            "DeleteRange",
+            "Txn",
+            "LeaseGrant",
+            "LeaseRevoke",
+        ]
+        .iter()
+        .map(|m| calls(m))
+        .sum::<u64>()
+            + calls("LeaseKeepAlive"),
+    }
+}
+
+fn since(before: Counts, after: Counts) -> Counts {
+    Counts {
+        puts: after.puts - before.puts,
+        deletes: after.deletes - before.deletes,
+        reads: after.reads - before.reads,
+        txns: after.txns - before.txns,
+        lease_grants: after.lease_grants - before.lease_grants,
+        lease_revokes: after.lease_revokes - before.lease_revokes,
+        requests: after.requests - before.requests,
+    }
+}
+
+/// With its lease reused, taking a free lock and releasing it are two
+/// requests: one put (no read of the queue: the entry heads an empty one)
+/// and one delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_grant_and_release_are_one_put_and_one_delete() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    // The first pair grants the lease the next ones reuse.
+    let first = locker.try_acquire("free", TTL).await.expect("acquire");
+    locker.release(first).await.expect("release");
+
+    const PAIRS: u64 = 5;
+    for acquire_with_wait in [false, true] {
+        let before = counts(&cluster);
+        for _ in 0..PAIRS {
+            let lease = if acquire_with_wait {
+                locker.acquire("free", TTL, Duration::from_secs(5)).await
+            } else {
+                locker.try_acquire("free", TTL).await
+            }
+            .expect("acquire");
+            locker.release(lease).await.expect("release");
+        }
+        let spent = since(before, counts(&cluster));
+        let what = if acquire_with_wait {
+            "acquire"
+        } else {
+            "try_acquire"
+        };
+        assert_eq!(
+            spent.requests,
+            2 * PAIRS,
+            "{what}: two requests a pair: {spent:?}"
+        );
+        assert_eq!(spent.puts, PAIRS, "{what}: {spent:?}");
+        assert_eq!(spent.deletes, PAIRS, "{what}: {spent:?}");
+        // The compare that finds the queue empty reads its range once; no
+        // other read.
+        assert!(
+            spent.reads <= PAIRS,
+            "{what}: a read of the queue: {spent:?}"
+        );
+        assert_eq!(
+            spent.lease_grants + spent.lease_revokes,
+            0,
+            "{what}: {spent:?}"
+        );
+    }
+}
+
+/// A try on a held lock writes nothing: no entry put and taken back, no
+/// lease granted or revoked (its lease waits for the next acquire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_on_a_held_lock_writes_nothing() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    let holder = locker.try_acquire("held", TTL).await.expect("acquire");
+    // The first try grants the lease the next ones reuse.
+    let first = locker.try_acquire("held", TTL).await;
+    assert!(matches!(first, Err(Error::Contended { .. })), "{first:?}");
+
+    let before = counts(&cluster);
+    for _ in 0..5 {
+        match locker.try_acquire("held", TTL).await {
+            Err(Error::Contended { remaining, .. }) => {
+                assert!(remaining.is_some(), "the holder's TTL left is known");
+            }
+            other => panic!("a try on a held lock: {other:?}"),
+        }
+    }
+    let spent = since(before, counts(&cluster));
+    assert_eq!(
+        (
+            spent.puts,
+            spent.deletes,
+            spent.lease_grants,
+            spent.lease_revokes
+        ),
+        (0, 0, 0, 0),
+        "{spent:?}"
+    );
+    locker.release(holder).await.expect("release");
+}

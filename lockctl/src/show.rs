@@ -1,0 +1,99 @@
+//! How `status` and `list` print a lock: a line of tab-separated fields
+//! for people, or JSON for programs (`--json`).
+
+use std::fmt::Write;
+
+use lockkit::HeldLock;
+use serde::Serialize;
+
+use crate::printable;
+
+/// One lock as `--json` prints it. Unknown parts are `null`.
+#[derive(Serialize)]
+pub struct Entry<'a> {
+    key: &'a str,
+    held: bool,
+    /// Milliseconds left before the grant expires unless renewed.
+    remaining_ms: Option<u64>,
+    fencing_token: Option<u64>,
+}
+
+impl<'a> Entry<'a> {
+    /// A held lock.
+    pub fn held(h: &'a HeldLock) -> Self {
+        Entry {
+            key: &h.key,
+            held: true,
+            remaining_ms: h
+                .remaining
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            fencing_token: h.fencing_token.map(|t| t.get()),
+        }
+    }
+
+    /// A key nobody holds.
+    pub fn free(key: &'a str) -> Self {
+        Entry {
+            key,
+            held: false,
+            remaining_ms: None,
+            fencing_token: None,
+        }
+    }
+}
+
+/// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as
+/// `?`; the key escaped where it could spoof the terminal).
+pub fn line(h: &HeldLock) -> String {
+    let remaining = h
+        .remaining
+        .map(|d| format!("{:.1}s", d.as_secs_f64()))
+        .unwrap_or_else(|| "?".into());
+    let token = h
+        .fencing_token
+        .map(|t| t.get().to_string())
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "{}\theld\tremaining={remaining}\tfencing_token={token}",
+        printable::key(&h.key)
+    )
+}
+
+/// `value` as one line of JSON in which every character that could spoof a
+/// terminal is written as a `\uXXXX` escape: JSON's own escaping covers
+/// only the C0 controls, and a key may hold a bidi override.
+pub fn json(value: &impl Serialize) -> String {
+    let text = serde_json::to_string(value).unwrap_or_else(|e| {
+        // Serializing these plain structs cannot fail; say so if it does.
+        format!("{{\"error\":\"{e}\"}}")
+    });
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if printable::is_safe(c) {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes_what_could_spoof_a_terminal_and_reads_back_the_same() {
+        let key = "a\u{202e}b\u{1f600}\u{10ffff}\\\"";
+        let text = json(&Entry::free(key));
+        assert!(text.chars().all(printable::is_safe), "{text:?}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["key"], key);
+        assert_eq!(back["held"], false);
+        assert!(back["fencing_token"].is_null());
+    }
+}
