@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: start the private servers, build lockctl in release mode and
-# measure every backend on this machine (`lockctl bench`): throughput and
+# The main job: start the private servers, build the lab (lockkit-lab) in release mode and
+# measure every backend on this machine (`lockkit-lab`): throughput and
 # latency against the servers' own bounds and the rslock crate, handoffs,
 # memory per held lock, loss detection. Then stop the servers.
 #
@@ -19,5 +19,5 @@ set -a
 # shellcheck disable=SC1091
 . target/lockkit-servers/urls.env
 set +a
-cargo build --release --quiet -p lockctl --features bench
-"${CARGO_TARGET_DIR:-target}/release/lockctl" bench "$@"
+cargo build --release --quiet -p lock-bench --bin lockkit-lab
+"${CARGO_TARGET_DIR:-target}/release/lockkit-lab" "$@"

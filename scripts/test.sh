@@ -33,7 +33,7 @@ step "fault lab, smoke schedule (fails only on a safety violation predicted impo
 scripts/faults.sh --smoke
 
 step "lab, quick mode (checks only that every backend produced figures)"
-cargo run --quiet -p lockctl --all-features -- bench --quick --out target/lab-smoke
+cargo run --quiet -p lock-bench --bin lockkit-lab -- --quick --out target/lab-smoke
 
 step "examples, run as a user would (memory://, then each server)"
 for url in memory:// "$LOCKKIT_REDIS_URL" "$LOCKKIT_REDLOCK_URL" "$LOCKKIT_ETCD_URL" "$LOCKKIT_POSTGRES_URL"; do
@@ -43,5 +43,8 @@ LOCK_URL=memory:// DATABASE_URL="$LOCKKIT_POSTGRES_URL" cargo run --quiet -p loc
 
 step "docs (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+
+step "packages, as crates.io would take them (manifests and contents; the tests above built the code)"
+cargo publish --workspace --dry-run --no-verify --allow-dirty --quiet
 
 step "all green"

@@ -104,6 +104,52 @@ impl PostgresOptions {
         lock_core::url::hide_if_ambiguous(url, Self::read_url(url))
     }
 
+    /// Options over the connection settings an application already has:
+    /// the ones its own pool was built with
+    /// (`(*pool.connect_options()).clone()`), so that lockkit reaches the
+    /// same database as the same user, with the same TLS. lockkit opens
+    /// connections of its own from them rather than borrowing the pool's:
+    /// a held lock keeps its connection in an open transaction for as long
+    /// as it is held, which would starve the application's pool.
+    ///
+    /// ```
+    /// use lock_postgres::PostgresOptions;
+    /// use sqlx::postgres::PgConnectOptions;
+    ///
+    /// let app = PgConnectOptions::new().host("db.internal").database("billing").username("app");
+    /// let options = PostgresOptions::from_connect_options(app)?.with_create_schema(false);
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn from_connect_options(connect: PgConnectOptions) -> Result<PostgresOptions> {
+        let endpoint = format!(
+            "postgres://{}:{}/{}",
+            connect.get_host(),
+            connect.get_port(),
+            connect.get_database().unwrap_or_default()
+        );
+        let needs_tls = !matches!(
+            connect.get_ssl_mode(),
+            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer
+        );
+        if needs_tls && !cfg!(feature = "tls") {
+            return Err(Error::invalid(
+                "connect_options",
+                format!(
+                    "{endpoint}: this sslmode needs TLS, which lock-postgres was built without (cargo feature `tls`)"
+                ),
+            ));
+        }
+        Ok(PostgresOptions {
+            connect,
+            endpoint,
+            names: Names::default(),
+            max_held_locks: Self::DEFAULT_MAX_HELD_LOCKS,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            create_schema: true,
+        })
+    }
+
     fn read_url(url: &str) -> Result<PostgresOptions> {
         lock_core::url::check_user_info(url)?;
         let redacted = redact(url);

@@ -94,3 +94,28 @@ async fn the_longest_timeouts_mean_no_limit_without_a_panic() {
         works(option, backend.expect(option)).await;
     }
 }
+
+/// The connection settings an application built its own pool with give a
+/// working backend, and no password reaches the backend's messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_own_connect_options_give_a_working_backend() {
+    let Some(url) = server_url("LOCKKIT_POSTGRES_URL") else {
+        return;
+    };
+    let app: sqlx::postgres::PgConnectOptions = url.parse().expect("the driver reads the URL");
+    let app = app.password("not-needed-but-secret");
+    let options = PostgresOptions::from_connect_options(app.clone()).expect("options");
+    assert!(!format!("{options:?}").contains("not-needed-but-secret"));
+    works(
+        "connect options",
+        connected(Ok(options)).await.expect("connect"),
+    )
+    .await;
+
+    let tls = app.ssl_mode(sqlx::postgres::PgSslMode::Require);
+    let built_with_tls = cfg!(feature = "tls");
+    match PostgresOptions::from_connect_options(tls) {
+        Ok(_) => assert!(built_with_tls, "TLS accepted without the tls feature"),
+        Err(e) => assert!(!built_with_tls && e.to_string().contains("tls"), "{e}"),
+    }
+}

@@ -131,7 +131,7 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 /// second token is above the first.
 ///
 /// The script is written for the server's cost per operation, which the
-/// lab counts (`lockctl bench`): operations share one letter string and
+/// lab counts (`lockkit-lab`): operations share one letter string and
 /// one TTL, the common paths are inline, and functions are made only where
 /// they are used. Counted with callgrind, the server makes a script's
 /// functions anew at every call, each at about the cost of two of an

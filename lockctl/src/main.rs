@@ -1,7 +1,5 @@
 #![doc = include_str!("../README.md")]
 
-#[cfg(feature = "bench")]
-mod bench;
 mod descendants;
 mod exit;
 mod hold;
@@ -162,9 +160,6 @@ enum Cmd {
         #[arg(long)]
         offline: bool,
     },
-    /// Measure every backend against its server's bound and the rslock crate (the lab).
-    #[cfg(feature = "bench")]
-    Bench(bench::BenchArgs),
 }
 
 /// How long to hold a lock and how long to wait for it.
@@ -302,16 +297,6 @@ async fn dispatch(cli: Cli) -> ExitCode {
         );
         return ExitCode::from(exit::USAGE);
     }
-    #[cfg(feature = "bench")]
-    if let Cmd::Bench(args) = &cli.command {
-        if cli.url.is_some() || cli.profile.is_some() {
-            eprintln!(
-                "lockctl: bench measures the servers that scripts/servers.sh starts (their URLs come from LOCKKIT_*_URL), not --url, --profile or LOCK_URL; unset them"
-            );
-            return ExitCode::from(exit::USAGE);
-        }
-        return bench::run(args).await;
-    }
     if let Cmd::CheckConfig { file, offline } = &cli.command {
         return check_config(file, *offline).await;
     }
@@ -418,8 +403,6 @@ async fn dispatch(cli: Cli) -> ExitCode {
             }
         }
         Cmd::CheckConfig { .. } => unreachable!("handled above"),
-        #[cfg(feature = "bench")]
-        Cmd::Bench(_) => unreachable!("handled above"),
     }
 }
 

@@ -114,13 +114,6 @@ fn log_directives_select_targets_and_bad_ones_are_refused() {
     assert_fails(&out, code::CONFIG, "lock_core=loud");
 }
 
-#[cfg(feature = "bench")]
-#[test]
-fn bench_refuses_a_url_it_would_not_use() {
-    let out = output(&["--url", "memory://", "bench", "--quick"]);
-    assert_fails(&out, code::USAGE, "not --url");
-}
-
 /// `run` waits for a held lock by default, as `flock` does; `-n` does not.
 #[test]
 fn run_waits_by_default_and_no_wait_fails_at_once() {

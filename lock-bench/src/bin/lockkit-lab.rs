@@ -1,14 +1,25 @@
-//! `lockctl bench`: the lab (lock-bench) over the servers named by the
-//! `LOCKKIT_*_URL` variables.
+//! `lockkit-lab`: the lab (lock-bench) over the servers named by the
+//! `LOCKKIT_*_URL` variables. Not published: it measures this repository's
+//! backends on this repository's servers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::exit;
+use clap::Parser;
 
-/// Arguments of `lockctl bench`.
-#[derive(clap::Args)]
-pub struct BenchArgs {
+/// The command line is malformed (`EX_USAGE`).
+const USAGE: u8 = 64;
+/// A backend or bound produced no figures, or a checked goal failed (`EX_UNAVAILABLE`).
+const UNAVAILABLE: u8 = 69;
+
+/// Measure every lockkit backend beside its server's own bound and the
+/// libraries users pick instead (rslock, etcd's lock service, PostgreSQL's
+/// advisory locks), on the servers named by the LOCKKIT_*_URL variables
+/// (`scripts/servers.sh env`). `scripts/lab.sh` starts the servers and runs
+/// this with a release build.
+#[derive(clap::Parser)]
+#[command(name = "lockkit-lab", version)]
+struct Args {
     /// Short run (under 2 minutes for every backend; a smoke test, rough figures).
     #[arg(long, conflicts_with = "full")]
     quick: bool,
@@ -33,8 +44,24 @@ pub struct BenchArgs {
     round_ms: Option<u64>,
 }
 
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockkit-lab: cannot start the async runtime: {e}");
+            return ExitCode::from(UNAVAILABLE);
+        }
+    };
+    runtime.block_on(run(&args))
+}
+
 /// Runs the lab; exits 69 if a backend or bound produced no figures.
-pub async fn run(args: &BenchArgs) -> ExitCode {
+async fn run(args: &Args) -> ExitCode {
     let options = lock_bench::Options {
         mode: if args.quick {
             lock_bench::Mode::Quick
@@ -50,8 +77,8 @@ pub async fn run(args: &BenchArgs) -> ExitCode {
     let report = match lock_bench::run(&options).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("lockctl: bench: {e}");
-            return ExitCode::from(exit::USAGE);
+            eprintln!("lockkit-lab: {e}");
+            return ExitCode::from(USAGE);
         }
     };
     println!("{}", report.summary());
@@ -61,11 +88,11 @@ pub async fn run(args: &BenchArgs) -> ExitCode {
     );
     let failures = report.failures();
     for f in &failures {
-        eprintln!("lockctl: bench: {f}");
+        eprintln!("lockkit-lab: {f}");
     }
     if failures.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(exit::UNAVAILABLE)
+        ExitCode::from(UNAVAILABLE)
     }
 }
