@@ -6,6 +6,7 @@
 //! side), and its snapshots reset what they read, so [`Readings`] adds
 //! them up.
 
+use lock_core::Wait;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -142,7 +143,10 @@ async fn acquire_contend_time_out_and_lose(
     assert_eq!(r.samples(WAIT, &of("contended")).len(), 1, "{}", r.all());
 
     let wait = Duration::from_millis(200);
-    let gave_up = other.acquire(&key, ttl, wait).await.expect_err("held");
+    let gave_up = other
+        .acquire(&key, ttl, Wait::at_most(wait))
+        .await
+        .expect_err("held");
     assert!(gave_up.is_timed_out(), "{gave_up}");
     let r = readings.read();
     assert_eq!(r.value(ACQUISITIONS, &of("timed_out")), 1.0, "{}", r.all());

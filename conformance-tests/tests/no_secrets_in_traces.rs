@@ -18,6 +18,7 @@
 //! background tasks run on any thread, and all of them write into the one
 //! capture.
 
+use lock_core::Wait;
 use std::io::Write;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
@@ -137,7 +138,7 @@ async fn exercise(name: &str, locker: Locker, other: Locker) {
     let refused = other.try_acquire(&key, long).await.expect_err("held");
     assert!(matches!(refused, Error::Contended { .. }), "{refused}");
     let waited = other
-        .acquire(&key, long, Duration::from_millis(300))
+        .acquire(&key, long, Wait::at_most(Duration::from_millis(300)))
         .await
         .expect_err("held");
     assert!(matches!(waited, Error::TimedOut { .. }), "{waited}");

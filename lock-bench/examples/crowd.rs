@@ -12,6 +12,7 @@
 //! Arguments: URL (a Redis, Redis Cluster or Redlock URL whose nodes are
 //! all listed), waiters, groups, handoffs to measure.
 
+use lockkit::Wait;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,7 +68,9 @@ async fn main() -> Result<(), String> {
             tokio::spawn(async move {
                 let mut gaps = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
-                    let Ok(lease) = locker.acquire(&key, ttl, Duration::from_secs(120)).await
+                    let Ok(lease) = locker
+                        .acquire(&key, ttl, Wait::at_most(Duration::from_secs(120)))
+                        .await
                     else {
                         continue;
                     };

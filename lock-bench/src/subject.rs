@@ -1,5 +1,6 @@
 //! What is measured: a lockkit `Locker`, or the peer library (`rslock`).
 
+use lockkit::Wait;
 use std::time::Duration;
 
 use lockkit::{Lease, Locker};
@@ -52,7 +53,7 @@ impl Client {
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Held, String> {
         match self {
             Client::Lockkit(l) => l
-                .acquire(key, ttl, wait)
+                .acquire(key, ttl, Wait::at_most(wait))
                 .await
                 .map(Held::Lease)
                 .map_err(|e| e.to_string()),

@@ -16,6 +16,7 @@ mod memory;
 mod observe;
 mod operator;
 mod owner;
+mod patience;
 mod place;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;
@@ -41,6 +42,7 @@ pub use memory::MemoryBackend;
 pub use observe::KeyLabel;
 pub use operator::HeldLock;
 pub use owner::{OwnerToken, Secret};
+pub use patience::Wait;
 pub use place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};
 pub use wait::{Backoff, WAITING_EVENT_TARGET, Waiting};
 

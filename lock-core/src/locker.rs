@@ -12,7 +12,7 @@ use crate::guard::{GuardOptions, LockGuard};
 use crate::observe::{GiveBackCause, Observer};
 use crate::{
     Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, HeldLock, KeyLabel,
-    Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, Waiting, validate,
+    Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, Wait, Waiting, validate,
 };
 
 /// The longest wait: about 30 years, as far as any clock here can count
@@ -152,16 +152,18 @@ impl Locker {
         self.lease_from(key, owner, ttl, grant)
     }
 
-    /// Takes `key` for `ttl`, waiting up to `wait` for the holder to let go.
-    /// Gives up with [`Error::TimedOut`]; with a `wait` of zero it makes one
-    /// attempt, like [`try_acquire`](Self::try_acquire), and a held key
-    /// answers [`Error::Contended`]. Dropping the future cancels the wait; a
+    /// Takes `key` for `ttl`, waiting as `wait` says for the holder to let
+    /// go: `Wait::at_most(d)` gives up with [`Error::TimedOut`];
+    /// [`Wait::NONE`] makes one attempt, like
+    /// [`try_acquire`](Self::try_acquire), and a held key answers
+    /// [`Error::Contended`]; [`Wait::FOREVER`] waits until it is free. Dropping the future cancels the wait; a
     /// grant won just before that is given back at once, or lapses after its
     /// TTL should the server be out of reach.
     ///
     /// A grant whose reply came after its validity ran out is given back in
     /// the background, and the wait goes on while it has time left.
-    pub async fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Lease> {
+    pub async fn acquire(&self, key: &str, ttl: Duration, wait: Wait) -> Result<Lease> {
+        let wait = wait.limit();
         let span = self.span("acquire", key);
         async {
             let (valid, ttl) = (self.key(key)?, self.ttl(ttl)?);
@@ -329,7 +331,7 @@ impl Locker {
                 ),
             ));
         }
-        let lease = self.acquire(key, ttl, options.wait).await?;
+        let lease = self.acquire(key, ttl, Wait::at_most(options.wait)).await?;
         Ok(LockGuard::spawn(self.clone(), lease, every))
     }
 

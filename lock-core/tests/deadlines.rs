@@ -3,6 +3,7 @@
 //! limits of what a `Duration` holds. Time is tokio's paused clock, so the
 //! cases run in an instant and wait on nothing real.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{
@@ -26,7 +27,11 @@ async fn a_late_reply_is_given_back_and_the_wait_goes_on() {
     let started = Instant::now();
     memory.delay_next_grants(1, Duration::from_millis(995));
     let lease = locker
-        .acquire("k", Duration::from_secs(1), Duration::from_secs(30))
+        .acquire(
+            "k",
+            Duration::from_secs(1),
+            Wait::at_most(Duration::from_secs(30)),
+        )
         .await
         .expect("the second attempt, answered in time, holds the lock");
     assert_eq!(
@@ -66,7 +71,11 @@ async fn a_late_reply_to_one_attempt_is_reported_as_late() {
     assert!(err.to_string().contains("late"), "{err}");
     // The grant's TTL has 5 ms left: a wait of 2 ms wins only if it was given back.
     let next = locker
-        .acquire("k", Duration::from_secs(1), Duration::from_millis(2))
+        .acquire(
+            "k",
+            Duration::from_secs(1),
+            Wait::at_most(Duration::from_millis(2)),
+        )
         .await
         .expect("the late grant was given back");
     locker.release(next).await.unwrap();

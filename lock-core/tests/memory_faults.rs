@@ -1,5 +1,6 @@
 //! The memory backend's scripted faults, as a user's test would use them.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Error, GuardOptions, Locker, LostReason, MemoryBackend};
@@ -82,7 +83,7 @@ async fn an_unavailable_backend_fails_every_call_with_unavailable() {
     assert!(err.is_unavailable(), "{err}");
     // A wait keeps retrying, then reports the outage rather than "timed out".
     let err = locker
-        .acquire("k", LONG, Duration::from_millis(50))
+        .acquire("k", LONG, Wait::at_most(Duration::from_millis(50)))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
@@ -144,7 +145,10 @@ async fn a_wait_retries_with_a_fresh_owner_and_the_lease_is_the_winners() {
 
     // Through the Locker: the lease is the retry's, so it releases.
     let back_up = unavailable_for(&memory, Duration::from_millis(100));
-    let lease = locker.acquire("k2", LONG, LONG).await.expect("granted");
+    let lease = locker
+        .acquire("k2", LONG, Wait::at_most(LONG))
+        .await
+        .expect("granted");
     back_up.await.unwrap();
     locker
         .release(lease)

@@ -3,6 +3,7 @@
 //! backend. Whatever comes in, nothing panics, what is refused is refused
 //! with a typed error naming the field, and a refused call holds nothing.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::url::{ServerUrl, redact};
@@ -195,7 +196,7 @@ proptest! {
                 // a minute of the paused clock is enough to see it behave.
                 let outcome = tokio::time::timeout(Duration::from_secs(60), async { match call {
                     Call::TryAcquire(k, t) => locker.try_acquire(&k, t).await.map(|l| leases.push(l)),
-                    Call::Acquire(k, t, w) => locker.acquire(&k, t, w).await.map(|l| leases.push(l)),
+                    Call::Acquire(k, t, w) => locker.acquire(&k, t, Wait::at_most(w)).await.map(|l| leases.push(l)),
                     Call::Guard(k, t, w, r) => {
                         let mut options = GuardOptions::new(t).wait(w);
                         if let Some(r) = r {

@@ -10,6 +10,7 @@
 //!
 //! Local measurements only: never run in CI.
 
+use lock_core::Wait;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -112,7 +113,9 @@ async fn handoff(
         let (released_at, samples, stop) = (released_at.clone(), samples.clone(), stop.clone());
         handles.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let lease = locker.acquire(&key, TTL, Duration::from_secs(60)).await?;
+                let lease = locker
+                    .acquire(&key, TTL, Wait::at_most(Duration::from_secs(60)))
+                    .await?;
                 let granted = Instant::now();
                 if let Some(released) = released_at.lock().await.take() {
                     samples.lock().await.push(granted - released);

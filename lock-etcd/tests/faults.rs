@@ -2,6 +2,7 @@
 //! nothing, a majority down makes every operation fail fast as unavailable,
 //! and a lease revoked from outside fires the holder's `lost()` at once.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Error, GuardOptions, Locker};
@@ -46,7 +47,7 @@ async fn with_one_member_killed_locks_still_work() {
 
     // Waiting absorbs the election; afterwards everything works on two members.
     let lease = locker
-        .acquire("other", TTL, Duration::from_secs(60))
+        .acquire("other", TTL, Wait::at_most(Duration::from_secs(60)))
         .await
         .expect("acquire with one member down");
     assert!(lease.fencing_token() > before);
@@ -112,7 +113,7 @@ async fn with_two_of_three_members_down_acquire_is_unavailable_in_time() {
     let wait = Duration::from_secs(3);
     let started = Instant::now();
     let err = locker
-        .acquire("fresh", TTL, wait)
+        .acquire("fresh", TTL, Wait::at_most(wait))
         .await
         .expect_err("no quorum, no grant");
     assert!(

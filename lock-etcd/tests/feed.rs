@@ -6,6 +6,7 @@
 
 mod common;
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use common::on_private_cluster;
@@ -45,7 +46,7 @@ async fn the_waiters_on_a_lock_share_one_watch() {
         let locker = locker.clone();
         waiters.push(tokio::spawn(async move {
             let lease = locker
-                .acquire(key, TTL, Duration::from_secs(60))
+                .acquire(key, TTL, Wait::at_most(Duration::from_secs(60)))
                 .await
                 .expect("acquire");
             let token = lease.fencing_token();
@@ -109,7 +110,11 @@ async fn waiters_whose_feed_broke_are_still_woken_by_the_releases() {
             // A long TTL puts the waiters' first renewal (a third of it),
             // which re-checks the queue, well past the grants below.
             let lease = locker
-                .acquire(key, Duration::from_secs(90), Duration::from_secs(60))
+                .acquire(
+                    key,
+                    Duration::from_secs(90),
+                    Wait::at_most(Duration::from_secs(60)),
+                )
                 .await
                 .expect("acquire after the restart");
             let granted = Instant::now();
@@ -203,7 +208,7 @@ async fn waiters_whose_entries_are_deleted_with_the_ones_ahead_queue_again() {
         let (locker, granted) = (locker.clone(), granted.clone());
         tokio::spawn(async move {
             let lease = locker
-                .acquire(key, TTL, Duration::from_secs(60))
+                .acquire(key, TTL, Wait::at_most(Duration::from_secs(60)))
                 .await
                 .expect("acquire after the queue was deleted");
             granted.send(lease).expect("the test listens");

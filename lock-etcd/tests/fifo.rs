@@ -4,6 +4,7 @@
 
 mod common;
 
+use lock_core::Wait;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ async fn twenty_waiters_are_granted_in_the_order_they_queued() {
         let (locker, k, granted) = (locker.clone(), key.clone(), granted.clone());
         waiters.push(tokio::spawn(async move {
             let lease = locker
-                .acquire(&k, TTL, Duration::from_secs(120))
+                .acquire(&k, TTL, Wait::at_most(Duration::from_secs(120)))
                 .await
                 .expect("acquire");
             granted.lock().unwrap().push((i, lease.fencing_token()));
@@ -87,14 +88,18 @@ async fn a_waiter_follows_the_queue_when_the_entry_ahead_leaves() {
     let holder = locker.try_acquire(&key, TTL).await.expect("holder");
     let quitter = {
         let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move { locker.acquire(&key, TTL, Duration::from_millis(1500)).await })
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, TTL, Wait::at_most(Duration::from_millis(1500)))
+                .await
+        })
     };
     wait_for_queue_len(&backend, &key, 2).await;
     let waiter = {
         let (locker, key) = (locker.clone(), key.clone());
         tokio::spawn(async move {
             let lease = locker
-                .acquire(&key, TTL, Duration::from_secs(60))
+                .acquire(&key, TTL, Wait::at_most(Duration::from_secs(60)))
                 .await
                 .expect("acquire");
             (lease, Instant::now())
@@ -142,7 +147,7 @@ async fn a_waiters_grant_lapses_no_earlier_than_its_deadline() {
         let (locker, key) = (locker.clone(), key.clone());
         tokio::spawn(async move {
             locker
-                .acquire(&key, ttl, Duration::from_secs(30))
+                .acquire(&key, ttl, Wait::at_most(Duration::from_secs(30)))
                 .await
                 .expect("acquire")
         })

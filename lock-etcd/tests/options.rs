@@ -2,6 +2,7 @@
 //! each either works or is refused with an input error naming it, and
 //! nothing panics.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
@@ -25,7 +26,11 @@ async fn works(backend: EtcdBackend) {
         .await
         .expect("guard");
     let waited = locker
-        .acquire(&key, Duration::from_secs(5), Duration::from_millis(200))
+        .acquire(
+            &key,
+            Duration::from_secs(5),
+            Wait::at_most(Duration::from_millis(200)),
+        )
         .await;
     assert!(
         waited.as_ref().is_err_and(Error::is_timed_out),

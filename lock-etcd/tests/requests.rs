@@ -4,6 +4,7 @@
 
 mod common;
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::Error;
@@ -77,7 +78,9 @@ async fn an_uncontended_grant_and_release_are_one_put_and_one_delete() {
         let before = counts(&cluster);
         for _ in 0..PAIRS {
             let lease = if acquire_with_wait {
-                locker.acquire("free", TTL, Duration::from_secs(5)).await
+                locker
+                    .acquire("free", TTL, Wait::at_most(Duration::from_secs(5)))
+                    .await
             } else {
                 locker.try_acquire("free", TTL).await
             }

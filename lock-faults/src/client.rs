@@ -1,6 +1,7 @@
 //! One client process of the workload: acquire, read-modify-write the
 //! protected resource, release; every step recorded on the shared clock.
 
+use lockkit::Wait;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -121,7 +122,8 @@ pub async fn run(args: ClientArgs) -> io::Result<()> {
     while !stop.load(Ordering::SeqCst) {
         let a = next();
         rec.record(&Event::new(c, a, Op::Acquire, Kind::Invoke, now_ns()))?;
-        let lease = match timeout(bound, locker.acquire(&args.key, ttl, wait)).await {
+        let lease = match timeout(bound, locker.acquire(&args.key, ttl, Wait::at_most(wait))).await
+        {
             Ok(Ok(lease)) => {
                 rec.record(&Event {
                     token: Some(lease.fencing_token().get()),

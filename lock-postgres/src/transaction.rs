@@ -22,12 +22,12 @@ use crate::pool::Pinned;
 /// ```no_run
 /// # async fn demo() -> lock_core::Result<()> {
 /// use std::time::Duration;
-/// use lock_core::Locker;
+/// use lock_core::{Locker, Wait};
 /// use lock_postgres::{PostgresBackend, sqlx};
 ///
 /// let backend = PostgresBackend::connect("postgres://app@db/app").await?;
 /// let locker = Locker::new(backend.clone());
-/// let lease = locker.acquire("invoice/42", Duration::from_secs(10), Duration::from_secs(5)).await?;
+/// let lease = locker.acquire("invoice/42", Duration::from_secs(10), Wait::at_most(Duration::from_secs(5))).await?;
 /// {
 ///     let mut tx = backend.transaction(&lease).await?;
 ///     sqlx::query("UPDATE invoices SET state = 'sent' WHERE id = 42")

@@ -1,6 +1,7 @@
 //! PostgreSQL-specific behaviour against the shared server of
 //! `scripts/servers.sh`. These tests end only sessions they opened.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use conformance_tests::server_url;
@@ -87,7 +88,11 @@ async fn terminating_the_holder_fires_lost_and_lets_the_next_in() {
     let lost = guard.lost();
     let contender = tokio::spawn({
         let (locker, key) = (locker.clone(), key.clone());
-        async move { locker.acquire(&key, Duration::from_secs(30), LIMIT).await }
+        async move {
+            locker
+                .acquire(&key, Duration::from_secs(30), Wait::at_most(LIMIT))
+                .await
+        }
     });
     // The contender is queued in the server behind the holder.
     let pid = backend.holder_pid(&key).await.unwrap().expect("a holder");
@@ -118,7 +123,7 @@ async fn a_holder_that_stops_renewing_is_ended_by_the_idle_timeout() {
     let started = Instant::now();
     // Waits in the server; the row is freed when the idle timeout ends the holder's session.
     let next = locker
-        .acquire(&key, Duration::from_secs(30), LIMIT)
+        .acquire(&key, Duration::from_secs(30), Wait::at_most(LIMIT))
         .await
         .expect("freed by the idle timeout");
     let waited = started.elapsed();
@@ -226,7 +231,11 @@ async fn the_holders_statements_wait_for_row_locks_as_long_as_the_response_timeo
     let key = format!("{}lock-timeout", prefix());
     let locker = Locker::new(backend.clone());
     let mut lease = locker
-        .acquire(&key, Duration::from_secs(30), Duration::from_millis(300))
+        .acquire(
+            &key,
+            Duration::from_secs(30),
+            Wait::at_most(Duration::from_millis(300)),
+        )
         .await
         .unwrap();
     let granted = shown(&backend, &lease, "lock_timeout").await;
@@ -270,7 +279,11 @@ async fn a_statement_timeout_cuts_neither_the_wait_nor_the_lock_but_binds_the_ho
         .unwrap();
     let started = Instant::now();
     let waited = waiter
-        .acquire(&key, Duration::from_secs(30), Duration::from_millis(400))
+        .acquire(
+            &key,
+            Duration::from_secs(30),
+            Wait::at_most(Duration::from_millis(400)),
+        )
         .await
         .map(|_| ());
     let waited_for = started.elapsed();
@@ -357,7 +370,11 @@ async fn the_budget_refuses_a_try_at_once_times_out_a_wait_and_recovers_after_re
     let err = tried.expect("hung instead of refusing").unwrap_err();
     assert!(matches!(err, Error::LimitReached { limit: 2, .. }), "{err}");
     let waited = locker
-        .acquire(&format!("{prefix}c"), ttl, Duration::from_millis(300))
+        .acquire(
+            &format!("{prefix}c"),
+            ttl,
+            Wait::at_most(Duration::from_millis(300)),
+        )
         .await;
     assert!(
         matches!(waited, Err(Error::TimedOut { .. })),
@@ -371,7 +388,7 @@ async fn the_budget_refuses_a_try_at_once_times_out_a_wait_and_recovers_after_re
     // A lease dropped without release gives its connection back too, and frees its row.
     drop(b);
     let b2 = locker
-        .acquire(&format!("{prefix}b"), ttl, LIMIT)
+        .acquire(&format!("{prefix}b"), ttl, Wait::at_most(LIMIT))
         .await
         .expect("dropped lease freed its budget and row");
     locker.release(b2).await.unwrap();
@@ -391,7 +408,9 @@ async fn more_waiters_than_connections_all_get_the_lock_in_turn() {
         .map(|_| {
             let (locker, key) = (locker.clone(), key.clone());
             tokio::spawn(async move {
-                let lease = locker.acquire(&key, Duration::from_secs(30), LIMIT).await?;
+                let lease = locker
+                    .acquire(&key, Duration::from_secs(30), Wait::at_most(LIMIT))
+                    .await?;
                 let token = lease.fencing_token();
                 locker.release(lease).await?;
                 Ok::<_, Error>(token)
@@ -485,7 +504,7 @@ async fn the_fence_table_refuses_a_stale_holder() {
     // The old holder is ended behind its back; a new holder writes.
     assert!(locker.force_release(&key).await.unwrap());
     let new = locker
-        .acquire(&key, Duration::from_secs(30), LIMIT)
+        .acquire(&key, Duration::from_secs(30), Wait::at_most(LIMIT))
         .await
         .unwrap();
     assert!(new.fencing_token() > old_token);

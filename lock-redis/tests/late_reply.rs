@@ -1,6 +1,7 @@
 //! A grant whose reply comes back after its validity ran out, through a
 //! proxy that delays the traffic between the client and a private Redis.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -48,7 +49,11 @@ async fn a_late_reply_is_refused_and_the_wait_asks_again() {
     });
     let mut waiter = {
         let locker = locker.clone();
-        tokio::spawn(async move { locker.acquire("late", TTL, Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            locker
+                .acquire("late", TTL, Wait::at_most(Duration::from_secs(60)))
+                .await
+        })
     };
     let mut sets = 0;
     while sets < 2 {

@@ -1,6 +1,7 @@
 //! Behaviour that needs a private Redis: restarts, pauses, passwords,
 //! wake-ups measured against the poll interval, the operator view.
 
+use lock_core::Wait;
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -126,7 +127,7 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
             let locker = locker.clone();
             tokio::spawn(async move {
                 let lease = locker
-                    .acquire("handoff", TTL, Duration::from_secs(60))
+                    .acquire("handoff", TTL, Wait::at_most(Duration::from_secs(60)))
                     .await?;
                 let woke = Instant::now();
                 locker.release(lease).await?;
@@ -338,7 +339,7 @@ async fn waits_that_end_before_their_subscription_is_answered_leave_no_channel_s
     });
     // A first wait opens the subscription connection while the server answers.
     let warm_up = locker
-        .acquire("short/0", TTL, Duration::from_millis(300))
+        .acquire("short/0", TTL, Wait::at_most(Duration::from_millis(300)))
         .await;
     assert!(
         matches!(warm_up, Err(Error::TimedOut { .. })),
@@ -350,7 +351,11 @@ async fn waits_that_end_before_their_subscription_is_answered_leave_no_channel_s
         let locker = locker.clone();
         waits.spawn(async move {
             locker
-                .acquire(&format!("short/{i}"), TTL, Duration::from_millis(30))
+                .acquire(
+                    &format!("short/{i}"),
+                    TTL,
+                    Wait::at_most(Duration::from_millis(30)),
+                )
                 .await
         });
     }
@@ -421,7 +426,7 @@ async fn a_waiter_keeps_its_subscription_across_poll_rounds() {
     });
     let _held = locker.try_acquire("rounds", TTL).await.unwrap();
     let polled = locker
-        .acquire("rounds", TTL, Duration::from_millis(500))
+        .acquire("rounds", TTL, Wait::at_most(Duration::from_millis(500)))
         .await;
     assert!(matches!(polled, Err(Error::TimedOut { .. })), "{polled:?}");
     // Each refused attempt asks the holder's remaining TTL (one in line

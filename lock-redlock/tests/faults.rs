@@ -1,6 +1,7 @@
 //! Redlock with real, private Redis nodes that are paused, pre-loaded with
 //! foreign grants, or restarted empty.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Error, LockBackend, Locker, SafetyModel};
@@ -591,7 +592,7 @@ async fn waits_during_a_pause_leave_no_wake_up_state_behind() {
         .map(|name| {
             let locker = locker.clone();
             tokio::spawn(async move {
-                let lease = locker.acquire(&name, TTL, patience).await?;
+                let lease = locker.acquire(&name, TTL, Wait::at_most(patience)).await?;
                 locker.release(lease).await
             })
         })

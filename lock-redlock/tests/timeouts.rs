@@ -2,6 +2,7 @@
 //! `u64::MAX` milliseconds in a URL) means "as long as it takes": the
 //! backend connects and locks, and nothing panics.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Lease, Locker};
@@ -30,7 +31,11 @@ async fn locks_work(locker: &Locker, key: &str) {
         .expect("extend");
     let waiter = tokio::spawn({
         let (locker, key) = (locker.clone(), key.to_owned());
-        async move { locker.acquire(&key, TTL, Duration::MAX).await }
+        async move {
+            locker
+                .acquire(&key, TTL, Wait::at_most(Duration::MAX))
+                .await
+        }
     });
     let token = held.fencing_token();
     release(locker, held).await;

@@ -1,6 +1,7 @@
 //! Release wake-ups on private nodes: one subscription per key on each
 //! node across the rounds of a wait.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Backoff, Error, Locker, LockerOptions};
@@ -30,7 +31,7 @@ async fn a_waiter_keeps_its_subscriptions_across_poll_rounds() {
     });
     let _held = locker.try_acquire("rounds", TTL).await.unwrap();
     let polled = locker
-        .acquire("rounds", TTL, Duration::from_millis(500))
+        .acquire("rounds", TTL, Wait::at_most(Duration::from_millis(500)))
         .await;
     assert!(matches!(polled, Err(Error::TimedOut { .. })), "{polled:?}");
     for (i, node) in nodes.nodes().iter().enumerate() {

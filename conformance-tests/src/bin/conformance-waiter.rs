@@ -3,6 +3,7 @@
 //! `waiting` once it has its place in line (the backends' waiting event),
 //! then `granted` should it get the lock. The case kills it in between.
 
+use lock_core::Wait;
 use std::io::Write;
 use std::time::Duration;
 
@@ -19,7 +20,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let locker = Locker::from_arc(backend);
     let wait = tokio::spawn(async move {
         locker
-            .acquire(&key, Duration::from_secs(30), Duration::from_secs(120))
+            .acquire(
+                &key,
+                Duration::from_secs(30),
+                Wait::at_most(Duration::from_secs(120)),
+            )
             .await
     });
     waiting.wait_for(|&w| w).await?;

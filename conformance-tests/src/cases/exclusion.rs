@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use lock_core::Wait;
+
 use super::{LONG_TTL, SLACK, within};
 use crate::Fixture;
 
@@ -34,7 +36,7 @@ pub async fn mutual_exclusion(fx: &Fixture) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..SECTIONS_EACH {
                 let lease = locker
-                    .acquire(&key, LONG_TTL, Duration::from_secs(120))
+                    .acquire(&key, LONG_TTL, Wait::at_most(Duration::from_secs(120)))
                     .await
                     .expect("acquire");
                 if inside.swap(true, Ordering::SeqCst) {

@@ -1,5 +1,7 @@
 //! Fencing tokens across releases, expiries and vanished holders.
 
+use lock_core::Wait;
+
 use super::{LONG_TTL, expiry_wait, short};
 use crate::Fixture;
 
@@ -18,7 +20,7 @@ pub async fn fencing_tokens_strictly_increase(fx: &Fixture) {
     for i in 0..GRANTS {
         let locker = if i % 2 == 0 { &fx.locker } else { &fx.other };
         let lease = locker
-            .acquire(&key, ttl, expiry_wait(ttl))
+            .acquire(&key, ttl, Wait::at_most(expiry_wait(ttl)))
             .await
             .unwrap_or_else(|e| panic!("grant #{i}: {e}"));
         let token = lease.fencing_token();
@@ -48,7 +50,7 @@ pub async fn fencing_tokens_strictly_increase(fx: &Fixture) {
     // A long grant at the end still continues the sequence.
     let last = fx
         .locker
-        .acquire(&key, LONG_TTL, expiry_wait(ttl))
+        .acquire(&key, LONG_TTL, Wait::at_most(expiry_wait(ttl)))
         .await
         .expect("final grant");
     assert!(Some(last.fencing_token()) > previous);

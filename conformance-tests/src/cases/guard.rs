@@ -1,5 +1,6 @@
 //! Guards: renewal, loss, release on drop, `with_lock`.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Error, GuardOptions, LostReason};
@@ -86,7 +87,7 @@ pub async fn guard_reports_loss_when_the_grant_is_removed(fx: &Fixture) {
     );
     let next = fx
         .locker
-        .acquire(&key, LONG_TTL, SLACK)
+        .acquire(&key, LONG_TTL, Wait::at_most(SLACK))
         .await
         .expect("the lock is free after the loss");
     fx.locker.release(next).await.expect("release");
@@ -109,7 +110,7 @@ pub async fn dropped_guard_frees_the_lock(fx: &Fixture) {
     let started = Instant::now();
     let next = fx
         .locker
-        .acquire(&key, LONG_TTL, LONG_TTL / 3)
+        .acquire(&key, LONG_TTL, Wait::at_most(LONG_TTL / 3))
         .await
         .expect("the dropped guard released the lock");
     assert!(started.elapsed() < LONG_TTL / 3);

@@ -1,5 +1,6 @@
 //! Bad input and the capabilities a backend declares.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::validate::{MAX_KEY_BYTES, MAX_TTL};
@@ -49,7 +50,8 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
         "oversized key",
     );
     expect_invalid(
-        l.acquire(&long, LONG_TTL, Duration::from_secs(1)).await,
+        l.acquire(&long, LONG_TTL, Wait::at_most(Duration::from_secs(1)))
+            .await,
         "key",
         "bytes",
         "oversized key, waiting",
@@ -115,7 +117,8 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
         "absurd TTL",
     );
     expect_invalid(
-        l.acquire(&key, absurd, Duration::from_secs(1)).await,
+        l.acquire(&key, absurd, Wait::at_most(Duration::from_secs(1)))
+            .await,
         "ttl",
         "at most",
         "absurd TTL, waiting",
@@ -169,7 +172,7 @@ pub async fn invalid_input_is_refused_and_leaves_nothing_held(fx: &Fixture) {
 
     // A wait too long for the clock to count means "as long as it takes".
     let lease = l
-        .acquire(&key, LONG_TTL, Duration::MAX)
+        .acquire(&key, LONG_TTL, Wait::at_most(Duration::MAX))
         .await
         .expect("a free lock, waiting without end");
     l.release(lease).await.expect("release");

@@ -1,5 +1,6 @@
 //! One grant's life: contention, release, extend, expiry, forgery.
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Error, GuardOptions, Lease, Locker, OwnerToken};
@@ -121,7 +122,7 @@ pub async fn release_of_a_lost_lease_is_reported_and_harmless(fx: &Fixture) {
     let stale = fx.locker.try_acquire(&key, ttl).await.expect("first grant");
     let next = fx
         .locker
-        .acquire(&key, LONG_TTL, expiry_wait(ttl))
+        .acquire(&key, LONG_TTL, Wait::at_most(expiry_wait(ttl)))
         .await
         .expect("grant after expiry");
     assert_lost(
@@ -255,7 +256,7 @@ pub async fn extend_after_expiry_is_lost_and_does_not_resurrect(fx: &Fixture) {
     let mut stale = fx.locker.try_acquire(&key, ttl).await.expect("grant");
     let next = fx
         .locker
-        .acquire(&key, LONG_TTL, expiry_wait(ttl))
+        .acquire(&key, LONG_TTL, Wait::at_most(expiry_wait(ttl)))
         .await
         .expect("grant after expiry");
     fx.locker.release(next).await.expect("release");
@@ -288,7 +289,8 @@ pub async fn extend_after_removal_is_lost(fx: &Fixture) {
     let next = within(
         super::SLACK,
         "the removed grant is free",
-        fx.locker.acquire(&key, LONG_TTL, super::SLACK),
+        fx.locker
+            .acquire(&key, LONG_TTL, Wait::at_most(super::SLACK)),
     )
     .await
     .expect("grant after removal");
@@ -302,7 +304,7 @@ pub async fn grant_expires_after_its_ttl(fx: &Fixture) {
     let first = fx.locker.try_acquire(&key, ttl).await.expect("grant");
     let second = fx
         .locker
-        .acquire(&key, LONG_TTL, expiry_wait(ttl))
+        .acquire(&key, LONG_TTL, Wait::at_most(expiry_wait(ttl)))
         .await
         .expect("grant after expiry");
     let granted_at = Instant::now();
@@ -356,7 +358,10 @@ pub async fn busy_reads_as_contended_at_every_entry_point(fx: &Fixture) {
         .try_acquire(&key, LONG_TTL)
         .await
         .expect("first grant");
-    let acquire = fx.other.acquire(&key, LONG_TTL, Duration::ZERO).await;
+    let acquire = fx
+        .other
+        .acquire(&key, LONG_TTL, Wait::at_most(Duration::ZERO))
+        .await;
     assert!(
         matches!(acquire, Err(Error::Contended { .. })),
         "acquire with no wait: {acquire:?}"

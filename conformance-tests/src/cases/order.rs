@@ -1,6 +1,7 @@
 //! Waiting order, on backends that claim one: first come, first served,
 //! and a waiter that gives up leaves the line at once.
 
+use lock_core::Wait;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ async fn start_waiter(
     let (locker, key, granted) = (locker.clone(), key.to_owned(), granted.clone());
     let waiter = tokio::spawn(async move {
         let lease = locker
-            .acquire(&key, LONG_TTL, LONG_TTL * 2)
+            .acquire(&key, LONG_TTL, Wait::at_most(LONG_TTL * 2))
             .await
             .expect("the waiter's grant");
         granted.lock().expect("the grant order").push(name);

@@ -1,5 +1,6 @@
 //! `acquire` with a wait: success after release, clean time-outs, cancellation.
 
+use lock_core::Wait;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +37,9 @@ pub async fn acquire_succeeds_soon_after_release(fx: &Fixture) {
     let waiter = {
         let (locker, key) = (fx.other.clone().with_options(options), key.clone());
         tokio::spawn(async move {
-            let lease = locker.acquire(&key, LONG_TTL * 4, LONG_TTL * 2).await;
+            let lease = locker
+                .acquire(&key, LONG_TTL * 4, Wait::at_most(LONG_TTL * 2))
+                .await;
             (lease, Instant::now())
         })
     };
@@ -76,7 +79,7 @@ pub async fn acquire_times_out_cleanly(fx: &Fixture) {
     match within(
         SLACK,
         "the wait gives up",
-        fx.locker.acquire(&key, LONG_TTL, wait),
+        fx.locker.acquire(&key, LONG_TTL, Wait::at_most(wait)),
     )
     .await
     {
@@ -114,7 +117,7 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
     for delay_ms in [0u64, 1, 3, 10, 30] {
         let waiter = {
             let (locker, key) = (fx.locker.clone(), key.clone());
-            tokio::spawn(async move { locker.acquire(&key, ttl, LONG_TTL).await })
+            tokio::spawn(async move { locker.acquire(&key, ttl, Wait::at_most(LONG_TTL)).await })
         };
         tokio::task::yield_now().await;
         fx.locker.release(holder).await.expect("release");
@@ -131,7 +134,8 @@ pub async fn cancelled_acquire_leaves_no_grant_beyond_its_ttl(fx: &Fixture) {
         holder = within(
             expiry_wait(ttl) + SLACK,
             "the key frees after a cancelled acquire",
-            fx.locker.acquire(&key, LONG_TTL, expiry_wait(ttl)),
+            fx.locker
+                .acquire(&key, LONG_TTL, Wait::at_most(expiry_wait(ttl))),
         )
         .await
         .unwrap_or_else(|e| panic!("after cancelling at {delay_ms} ms: {e}"));
@@ -197,7 +201,7 @@ pub async fn dropped_attempt_gives_its_grant_back_at_once(fx: &Fixture) {
         let lease = within(
             SLACK,
             &format!("the key is free long before the TTL of an attempt {dropped_at}"),
-            fx.other.acquire(&key, LONG_TTL, SLACK),
+            fx.other.acquire(&key, LONG_TTL, Wait::at_most(SLACK)),
         )
         .await
         .unwrap_or_else(|e| panic!("an attempt {dropped_at}: {e}"));

@@ -3,6 +3,7 @@
 // Each test file is its own crate and uses only some of these.
 #![allow(dead_code)]
 
+use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Lease, Locker};
@@ -35,7 +36,11 @@ pub fn calls_started(cluster: &EtcdCluster, method: &str) -> u64 {
 /// granted at or after that deadline.
 pub async fn lapses_no_earlier_than_its_deadline(next: &Locker, key: &str, lapsing: &Lease) {
     let granted_lease = next
-        .acquire(key, Duration::from_secs(10), Duration::from_secs(30))
+        .acquire(
+            key,
+            Duration::from_secs(10),
+            Wait::at_most(Duration::from_secs(30)),
+        )
         .await
         .expect("granted after the lapse");
     let granted = Instant::now();
