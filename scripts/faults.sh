@@ -27,10 +27,11 @@ cargo build --quiet -p lock-faults
 status=0
 "${CARGO_TARGET_DIR:-target}/debug/lock-faults" run "${args[@]}" || status=$?
 if ((full)) && ((status != 2)); then
-    # The README's measured decision matrix is the generated one.
+    # The guide's measured decision matrix is the generated one.
+    page=docs/guide/measurements.md
     awk -v generated=docs/faults/decision-matrix.md '
-        /<!-- faults:begin -->/ { print; while ((getline line < generated) > 0) { gsub(/\(fault-matrix\.md\)/, "(docs/faults/fault-matrix.md)", line); print line }; skip = 1; next }
+        /<!-- faults:begin -->/ { print; while ((getline line < generated) > 0) { gsub(/\(fault-matrix\.md\)/, "(../faults/fault-matrix.md)", line); print line }; skip = 1; next }
         /<!-- faults:end -->/ { skip = 0 }
-        !skip { print }' README.md >README.md.new && mv README.md.new README.md
+        !skip { print }' "$page" >"$page.new" && mv "$page.new" "$page"
 fi
 exit "$status"

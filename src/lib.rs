@@ -1,4 +1,52 @@
-#![doc = include_str!("../README.md")]
+//! Distributed locks for async Rust that say what they guarantee: one
+//! [`Locker`] over Redis (and Redis Cluster), Redlock, etcd, PostgreSQL or
+//! memory, chosen by URL with [`connect`], each grant carrying a
+//! [`FencingToken`], each backend stating in [`Locker::capabilities`] what
+//! its exclusion and fencing rest on.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockkit::Result<()> {
+//! use std::time::Duration;
+//! use lockkit::GuardOptions;
+//!
+//! let locker = lockkit::connect("memory://").await?; // redis://, redlock://, etcd://, postgres://
+//! let options = GuardOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
+//! let rows = locker
+//!     .with_lock("jobs/nightly-report", options, |token| async move {
+//!         // Held and renewed while this runs; pass `token` with every write.
+//!         let _ = token;
+//!         1234
+//!     })
+//!     .await?;
+//! assert_eq!(rows, 1234);
+//! # Ok(()) }
+//! ```
+//!
+//! Where to start:
+//! - [`connect`] and its table of URL schemes and cargo features;
+//! - [`Locker`]: `with_lock`, `guard`, `lock` (a reusable [`Lock`]),
+//!   `try_acquire` / `acquire` / `extend` / `release` for leases by hand;
+//! - [`LockGuard`]: the fencing token, `remaining`, `lost`, `run_until_lost`;
+//! - [`Fence`] and [`FencingToken`]: the check the protected resource makes;
+//! - [`Error`]: `Contended`, `TimedOut`, `Lost`, `InvalidInput`, ...;
+//! - [`config`]: profiles whose required guarantees are checked at connect;
+//! - [`MemoryBackend`]: a backend for tests, with faults on cue;
+//! - `blocking` (feature `blocking`): the same locks for synchronous code.
+//!
+//! The guide (choosing a backend, guarantees, operations, lockctl, the lab)
+//! is in the repository's `docs/guide/`.
+
+// The README's and the guide's examples compile (and run) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/using.md")]
+struct UsingDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/testing.md")]
+struct TestingDoctests;
 
 pub use lock_core::*;
 

@@ -229,7 +229,7 @@ pub fn matrix_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
     md
 }
 
-/// The decision-matrix section for the README, built from a run.
+/// The decision-matrix section for the guide (docs/guide/measurements.md), built from a run.
 pub fn decision_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "## Measured under faults\n");

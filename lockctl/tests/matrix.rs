@@ -1,18 +1,24 @@
-//! The README's decision matrix, checked against the capabilities of every
+//! The guide's decision matrix (docs/guide/choosing.md), checked against the capabilities of every
 //! shared server this build can reach: the table says what the code does.
 
 mod common;
 
 use lockkit::config::RequirementSet;
 
-/// The matrix as the README states it: for each backend column, the sets it meets.
+/// The matrix as the guide states it: for each backend column, the sets it meets.
 fn readme_matrix() -> Vec<(String, Vec<(RequirementSet, bool)>)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/guide/choosing.md"
+    ))
+    .expect("docs/guide/choosing.md");
     let mut rows = readme
         .lines()
         .skip_while(|l| !l.starts_with("| use case | `use = `"));
-    let header: Vec<String> = cells(rows.next().expect("the decision matrix in README.md"));
+    let header: Vec<String> = cells(
+        rows.next()
+            .expect("the decision matrix in docs/guide/choosing.md"),
+    );
     let backends: Vec<String> = header[3..]
         .iter()
         .map(|h| h.split_whitespace().next().unwrap_or_default().to_owned())
@@ -31,7 +37,7 @@ fn readme_matrix() -> Vec<(String, Vec<(RequirementSet, bool)>)> {
                 .map(|cells| {
                     let name = cells[1].trim_matches('`');
                     let set = RequirementSet::from_name(name)
-                        .unwrap_or_else(|| panic!("unknown set `{name}` in README"));
+                        .unwrap_or_else(|| panic!("unknown set `{name}` in the guide"));
                     (set, cells[3 + column] == "yes")
                 })
                 .collect();
@@ -66,25 +72,28 @@ fn the_readme_matrix_matches_the_backends_capabilities() {
         let (_, stated) = matrix
             .iter()
             .find(|(b, _)| b == backend)
-            .unwrap_or_else(|| panic!("no README column for {backend}"));
+            .unwrap_or_else(|| panic!("no guide column for {backend}"));
         let locker = runtime.block_on(lockkit::connect(&url)).expect("connect");
         let caps = locker.capabilities();
         for (set, says) in stated {
             let meets = set.requirements().shortfalls(caps).is_empty();
             assert_eq!(
                 meets, *says,
-                "README says {backend} meets `{set}`: {says}; its capabilities: {caps:?}"
+                "the guide says {backend} meets `{set}`: {says}; its capabilities: {caps:?}"
             );
         }
     }
 }
 
-/// The README's example config: each of its profiles is met by a backend of
+/// The guide's example config: each of its profiles is met by a backend of
 /// the kind its URL names (here the shared server of that kind).
 #[test]
 fn the_readme_example_profiles_are_met_by_their_backends() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/guide/choosing.md"
+    ))
+    .expect("docs/guide/choosing.md");
     let toml: String = readme
         .lines()
         .skip_while(|l| *l != "```toml")
@@ -92,7 +101,8 @@ fn the_readme_example_profiles_are_met_by_their_backends() {
         .take_while(|l| *l != "```")
         .map(|l| format!("{l}\n"))
         .collect();
-    let config = lockkit::config::Config::parse(&toml, "README.md").expect("the example parses");
+    let config = lockkit::config::Config::parse(&toml, "docs/guide/choosing.md")
+        .expect("the example parses");
     let servers = common::servers();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -108,7 +118,7 @@ fn the_readme_example_profiles_are_met_by_their_backends() {
         let short = profile.requirements.shortfalls(locker.capabilities());
         assert!(
             short.is_empty(),
-            "README profile `{}` is refused by {scheme}: {short:?}",
+            "the guide's profile `{}` is refused by {scheme}: {short:?}",
             profile.name
         );
         checked += 1;
