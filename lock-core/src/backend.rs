@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    Capabilities, Error, Grant, HeldLock, Lease, LockKey, LostReason, OwnerToken, Place, Result,
-    Waiting,
+    Capabilities, Error, Grant, HeldLock, Lease, LockKey, LockReport, LostReason, OwnerToken,
+    Place, Result, Waiting,
 };
 
 /// A future that completes when a lock may have been released.
@@ -157,6 +157,16 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
             self.capabilities().backend,
             "listing held locks",
         ))
+    }
+
+    /// Operator view with a leak scan: [`inspect`](Self::inspect)'s locks,
+    /// and the keys under `prefix` that will never expire. The default has
+    /// no leaks to find: it is `inspect` alone.
+    async fn report(&self, prefix: &str) -> Result<LockReport> {
+        Ok(LockReport {
+            held: self.inspect(prefix).await?,
+            ..LockReport::default()
+        })
     }
 
     /// Gives back what the backend keeps for its next grants: idle

@@ -40,7 +40,7 @@ pub use lease::{Grant, Lease, LeaseState};
 pub use locker::{Locker, LockerOptions};
 pub use memory::MemoryBackend;
 pub use observe::KeyLabel;
-pub use operator::HeldLock;
+pub use operator::{HeldLock, LockReport};
 pub use owner::{OwnerToken, Secret};
 pub use patience::Wait;
 pub use place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};

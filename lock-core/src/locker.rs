@@ -415,6 +415,18 @@ impl Locker {
         Ok(held)
     }
 
+    /// Operator view with a leak scan: the locks held under `prefix`, as
+    /// [`inspect`](Self::inspect) lists them, and the keys there that will
+    /// never expire, each blocking its lock until an operator deletes it.
+    /// [`Error::Unsupported`] when the backend cannot list.
+    pub async fn report(&self, prefix: &str) -> Result<crate::LockReport> {
+        let span = self.span("inspect", prefix);
+        let mut report = self.backend.report(prefix).instrument(span).await?;
+        report.held.sort_by(|a, b| a.key.cmp(&b.key));
+        report.leaks.sort();
+        Ok(report)
+    }
+
     /// Gives back what the backend keeps idle for the next grants (see
     /// [`LockBackend::close_idle`]); held locks are not affected. The next
     /// grants set up afresh what they need.

@@ -41,3 +41,18 @@ impl HeldLock {
         self
     }
 }
+
+/// The operator's view of the locks under a prefix: those held, and the
+/// keys that would block their lock for ever (a leak scan).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockReport {
+    /// The locks held now, sorted by key.
+    pub held: Vec<HeldLock>,
+    /// The server's own names of keys under the prefix that will never
+    /// expire (Redis: a lock's key with no TTL, written by something else
+    /// or with its TTL removed), sorted. Each blocks its lock until an
+    /// operator deletes it. Empty where the backend's locks cannot outlive
+    /// their lease (etcd, PostgreSQL, memory).
+    pub leaks: Vec<String>,
+}

@@ -22,8 +22,8 @@ pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
 use crate::line::Lines;
-pub use crate::view::LockReport;
 use crate::wake::Wakeups;
+pub use lock_core::LockReport;
 
 /// The URL schemes this backend serves.
 ///
@@ -521,6 +521,10 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         Ok(self.report(prefix).await?.held)
+    }
+
+    async fn report(&self, prefix: &str) -> Result<LockReport> {
+        RedisBackend::report(self, prefix).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool> {

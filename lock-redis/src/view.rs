@@ -3,26 +3,10 @@
 
 use std::time::Duration;
 
-use lock_core::{FencingToken, HeldLock, Result};
+use lock_core::{FencingToken, HeldLock, LockReport, Result};
 use lock_redis_wire::keys::StoredKey;
 use lock_redis_wire::{KeyLayout, map_error};
 use redis::aio::ConnectionLike;
-
-/// What [`RedisBackend::report`](crate::RedisBackend::report) found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LockReport {
-    /// Locks held, sorted by key, with their remaining TTL and, on Redis
-    /// Cluster, while the lock's own counter lives, their fencing token. (A
-    /// single server's locks share one counter, which does not say which
-    /// lock took which token.)
-    pub held: Vec<HeldLock>,
-    /// Redis keys of locks under the prefix without a TTL, sorted. Every
-    /// lock's key this backend writes expires, so these were written by
-    /// something else (or had their TTL removed) and would block their lock
-    /// forever. (The one counter a single server's locks share has no TTL;
-    /// it is no lock's key, and is not listed.)
-    pub leaks: Vec<String>,
-}
 
 const SCAN_BATCH: usize = 500;
 

@@ -121,10 +121,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// The locks held under PREFIX (all when omitted), with remaining TTL and fencing token.
+    /// The locks held under PREFIX (all when omitted), with remaining TTL and fencing token,
+    /// and the keys there that will never expire (a leak scan).
     ///
     /// One line per lock: key, `held`, remaining=, fencing_token=, separated
-    /// by tabs. A key may have been written by a client that skipped
+    /// by tabs; then one line per leak: the server's own key name and
+    /// `leak` (Redis: a lock's key with no TTL, which blocks its lock until
+    /// someone deletes it). A key may have been written by a client that skipped
     /// lockkit's checks: characters that could spoof the terminal (controls,
     /// tabs, bidi overrides, zero-width and other invisible characters, line
     /// separators, private-use and unassigned code points) are shown escaped
@@ -133,7 +136,7 @@ enum Cmd {
     List {
         /// Key prefix.
         prefix: Option<String>,
-        /// One JSON array of objects as `status --json` prints them.
+        /// One JSON object: `held` (objects as `status --json` prints them) and `leaks` (key names).
         #[arg(long)]
         json: bool,
     },
@@ -373,15 +376,18 @@ async fn dispatch(cli: Cli) -> ExitCode {
         }
         Cmd::List { prefix, json } => {
             let prefix = target.key(prefix.as_deref().unwrap_or(""));
-            match locker.inspect(&prefix).await {
-                Ok(held) if json => {
-                    let entries: Vec<_> = held.iter().map(show::Entry::held).collect();
-                    println!("{}", show::json(&entries));
+            match locker.report(&prefix).await {
+                Ok(report) if json => {
+                    let listing = show::Listing::of(&report);
+                    println!("{}", show::json(&listing));
                     ExitCode::SUCCESS
                 }
-                Ok(held) => {
-                    for h in &held {
+                Ok(report) => {
+                    for h in &report.held {
                         println!("{}", show::line(h));
+                    }
+                    for leak in &report.leaks {
+                        println!("{}", show::leak_line(leak));
                     }
                     ExitCode::SUCCESS
                 }

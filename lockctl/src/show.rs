@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use lockkit::HeldLock;
+use lockkit::{HeldLock, LockReport};
 use serde::Serialize;
 
 use crate::printable;
@@ -40,6 +40,32 @@ impl<'a> Entry<'a> {
             fencing_token: None,
         }
     }
+}
+
+/// What `list --json` prints: the held locks and the leaks.
+#[derive(Serialize)]
+pub struct Listing<'a> {
+    held: Vec<Entry<'a>>,
+    /// The server's own names of keys that will never expire.
+    leaks: &'a [String],
+}
+
+impl<'a> Listing<'a> {
+    /// The listing of `report`.
+    pub fn of(report: &'a LockReport) -> Self {
+        Listing {
+            held: report.held.iter().map(Entry::held).collect(),
+            leaks: &report.leaks,
+        }
+    }
+}
+
+/// `KEY  leak  no TTL: ...`, the key escaped where it could spoof the terminal.
+pub fn leak_line(key: &str) -> String {
+    format!(
+        "{}\tleak\tno TTL: blocks its lock until deleted",
+        printable::key(key)
+    )
 }
 
 /// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as

@@ -196,8 +196,14 @@ fn check_listing(
     let prefix = key.rsplit_once('/').unwrap().0;
     let (code, list) = json(&["--url", url, "list", "--json", prefix]).unwrap();
     assert_eq!(code, Some(0), "{backend}");
-    let keys: Vec<_> = list.as_array().unwrap().iter().map(|e| &e["key"]).collect();
+    let keys: Vec<_> = list["held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["key"])
+        .collect();
     assert_eq!(keys, [key], "{backend}: {list}");
+    assert_eq!(list["leaks"], serde_json::json!([]), "{backend}: {list}");
 }
 
 /// In a terminal, the command has the foreground, as under `flock`: it
@@ -248,4 +254,37 @@ fn the_command_reads_the_terminal_and_ctrl_z_does_not_leave_it_stopped() {
     keyboard.write_all(b"hello\n").unwrap();
     shown("got hello");
     assert!(wait_exit(&mut child.0).success());
+}
+
+/// A lock key with no TTL (written by something else, or with its TTL
+/// removed) blocks its lock for ever: `list` names it as a leak.
+#[test]
+fn list_names_a_key_that_never_expires_as_a_leak() {
+    let Some(url) = conformance_tests::server_url("LOCKKIT_REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_key("leak");
+    let key = format!("{prefix}/stuck");
+    let stored = lock_redis_wire::KeyLayout::default().keys(&key).lock;
+    let mut redis = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to the shared Redis");
+    redis::cmd("SET")
+        .arg(&stored)
+        .arg("no-ttl")
+        .query::<()>(&mut redis)
+        .expect("SET");
+
+    let text = output(&["--url", &url, "list", &prefix]);
+    let json = output(&["--url", &url, "list", "--json", &prefix]);
+    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&stored).query(&mut redis);
+
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("{stored}\tleak\t"))),
+        "{text:?}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(json["leaks"], serde_json::json!([stored]), "{json}");
 }
