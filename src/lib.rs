@@ -98,6 +98,18 @@ pub fn available_schemes() -> Vec<&'static str> {
 ///
 /// An unknown scheme, or one whose cargo feature is off in this build, is
 /// refused with an error that lists the schemes available.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit::Result<()> {
+/// let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".into());
+/// let locker = lockkit::connect(&url).await?;
+/// println!("{} backend", locker.capabilities().backend);
+///
+/// let refused = lockkit::connect("zk://h:2181").await.unwrap_err();
+/// assert!(refused.is_invalid_input()); // names the schemes this build knows
+/// # Ok(()) }
+/// ```
 pub async fn connect(url: &str) -> Result<Locker> {
     Ok(match backend_of(url)? {
         Backend::Memory => Locker::new(MemoryBackend::new()),

@@ -8,6 +8,14 @@ use std::time::Duration;
 
 /// A backend's promises and limits. Built with [`Capabilities::new`] and the
 /// `with_*` methods, so that new fields do not break backends.
+///
+/// ```
+/// use lock_core::{Locker, MemoryBackend, SafetyModel};
+///
+/// let caps = Locker::new(MemoryBackend::new()).capabilities().clone();
+/// assert_eq!(caps.safety, SafetyModel::InProcess);
+/// assert!(caps.waiting_order.is_fifo());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {

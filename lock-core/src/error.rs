@@ -13,6 +13,23 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Backends map their client libraries' errors into these kinds; their own
 /// error types never appear in the public API (they are kept as `source`).
 /// No variant carries an owner token or a password.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use lock_core::{Error, Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let _held = locker.try_acquire("report", Duration::from_secs(10)).await.unwrap();
+/// match locker.try_acquire("report", Duration::from_secs(10)).await {
+///     Ok(_) => unreachable!("held above"),
+///     Err(Error::Contended { remaining, .. }) => println!("busy for {remaining:?} more"),
+///     Err(Error::InvalidInput { field, problem }) => eprintln!("fix {field}: {problem}"),
+///     Err(e) => eprintln!("backend trouble, try later: {e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -10,6 +10,16 @@ use tracing::Instrument;
 use crate::{Error, FencingToken, Lease, LockKey, Locker, LossFuture, LostReason, Result};
 
 /// How to take and keep a lock with [`Locker::guard`] or [`Locker::with_lock`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::GuardOptions;
+///
+/// let options = GuardOptions::new(Duration::from_secs(30)) // TTL, renewed every 10 s
+///     .wait(Duration::from_secs(5))                       // wait up to 5 s for it
+///     .renew_every(Duration::from_secs(5));               // or renew more often
+/// assert_eq!(options.ttl, Duration::from_secs(30));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuardOptions {
     /// TTL of the grant, renewed before it runs out.
@@ -68,6 +78,23 @@ type ReleaseReply = oneshot::Sender<Result<()>>;
 ///   the grant gone, or the deadline passes without a renewal;
 /// - dropping the guard releases in the background: it never blocks and
 ///   never panics, even outside a runtime (then the TTL frees the lock).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{GuardOptions, Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let guard = locker.guard("jobs/nightly", GuardOptions::new(Duration::from_secs(30))).await?;
+/// let token = guard.fencing_token();
+/// tokio::select! {
+///     reason = guard.lost() => eprintln!("lost the lock: {reason}"),
+///     () = async { /* the work, passing `token` along */ } => {}
+/// }
+/// guard.release().await?;
+/// # let _ = token; Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct LockGuard {
     key: LockKey,

@@ -92,6 +92,15 @@ impl Locker {
     }
 
     /// What the backend promises.
+    ///
+    /// ```
+    /// use lock_core::{FencingGuarantee, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let caps = locker.capabilities();
+    /// assert_eq!(caps.fencing.guarantee, FencingGuarantee::Strict);
+    /// println!("{}: tolerates {} server failure(s)", caps.backend, caps.tolerated_server_failures);
+    /// ```
     pub fn capabilities(&self) -> &Capabilities {
         self.backend.capabilities()
     }
@@ -131,6 +140,20 @@ impl Locker {
     /// A grant whose reply came after its validity ran out is given back in
     /// the background and reported as [`Error::Lost`] with
     /// [`LostReason::ReplyTooLate`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let lease = locker.try_acquire("invoice/42", Duration::from_secs(10)).await?;
+    /// let busy = locker.try_acquire("invoice/42", Duration::from_secs(10)).await;
+    /// assert!(busy.unwrap_err().is_contended());
+    /// locker.release(lease).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease> {
         let span = self.span("try_acquire", key);
         async {
@@ -162,6 +185,21 @@ impl Locker {
     ///
     /// A grant whose reply came after its validity ran out is given back in
     /// the background, and the wait goes on while it has time left.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Locker, MemoryBackend, Wait};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let ttl = Duration::from_secs(10);
+    /// let held = locker.acquire("invoice/42", ttl, Wait::NONE).await?;
+    /// let waited = locker.acquire("invoice/42", ttl, Wait::at_most(Duration::from_millis(20))).await;
+    /// assert!(waited.unwrap_err().is_timed_out());
+    /// locker.release(held).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Wait) -> Result<Lease> {
         let wait = wait.limit();
         let span = self.span("acquire", key);
@@ -271,6 +309,21 @@ impl Locker {
     /// A lease whose deadline has passed is reported lost without asking the
     /// backend: the holder already had to assume it was gone, and renewing
     /// would hide that gap.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let mut lease = locker.try_acquire("invoice/42", Duration::from_secs(10)).await?;
+    /// let before = lease.deadline();
+    /// locker.extend(&mut lease, Duration::from_secs(60)).await?;
+    /// assert!(lease.deadline() > before);
+    /// locker.release(lease).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn extend(&self, lease: &mut Lease, ttl: Duration) -> Result<()> {
         let span = self.span("extend", lease.key().as_str());
         async {
@@ -298,6 +351,20 @@ impl Locker {
 
     /// Gives the lock up. Reports [`Error::Lost`] when the lease no longer
     /// held it, in which case nothing was deleted.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Locker, MemoryBackend};
+    ///
+    /// let memory = MemoryBackend::new();
+    /// let locker = Locker::new(memory.clone());
+    /// let lease = locker.try_acquire("invoice/42", Duration::from_secs(10)).await?;
+    /// memory.expire_now("invoice/42"); // gone behind the holder's back
+    /// assert!(locker.release(lease).await.unwrap_err().is_lost()); // nothing deleted
+    /// # Ok(()) }
+    /// ```
     pub async fn release(&self, mut lease: Lease) -> Result<()> {
         let span = self.span("release", lease.key().as_str());
         async {
@@ -318,6 +385,20 @@ impl Locker {
 
     /// Takes `key` (waiting up to `options.wait`) and keeps it renewed until
     /// the guard is released or dropped. See [`LockGuard`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{GuardOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let options = GuardOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
+    /// let guard = locker.guard("jobs/nightly", options).await?;
+    /// // ... pass guard.fencing_token() with every write ...
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn guard(&self, key: &str, options: GuardOptions) -> Result<LockGuard> {
         let ttl = self.ttl(options.ttl)?;
         let validity = self.options.drift.validity(ttl, Duration::ZERO);
@@ -406,6 +487,19 @@ impl Locker {
     /// Operator view: the locks held now under `prefix` (all when empty),
     /// sorted by key, byte by byte. [`Error::Unsupported`] when the backend
     /// cannot list.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let _lease = locker.try_acquire("jobs/nightly", Duration::from_secs(10)).await?;
+    /// let held = locker.inspect("jobs/").await?;
+    /// assert_eq!(held[0].key, "jobs/nightly");
+    /// # Ok(()) }
+    /// ```
     pub async fn inspect(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let span = self.span("inspect", prefix);
         let mut held = self.backend.inspect(prefix).instrument(span).await?;

@@ -174,6 +174,15 @@ impl EtcdBackend {
 
     /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`
     /// URL, with the options in its query (see [`EtcdOptions`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::Locker;
+    /// use lock_etcd::EtcdBackend;
+    ///
+    /// let locker = Locker::new(EtcdBackend::connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379").await?);
+    /// # let _ = locker; Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
         EtcdBackend::connect_with(url, EtcdOptions::default()).await
     }

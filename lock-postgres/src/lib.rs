@@ -101,6 +101,15 @@ impl PostgresBackend {
 
     /// Connects with the settings of a `postgres://` or `postgresql://` URL
     /// (see [`PostgresOptions::from_url`]) and creates the schema if missing.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::Locker;
+    /// use lock_postgres::PostgresBackend;
+    ///
+    /// let locker = Locker::new(PostgresBackend::connect("postgres://locks@db.internal/app?max_held_locks=64").await?);
+    /// # let _ = locker; Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<PostgresBackend> {
         Self::connect_with(PostgresOptions::from_url(url)?).await
     }

@@ -164,6 +164,15 @@ impl RedisBackend {
     /// Connects as the URL says. Fails with [`Error::Unavailable`] (naming the
     /// endpoint) when no server answers within the connect timeout, and with
     /// [`Error::Auth`] when the server refuses the credentials.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::Locker;
+    /// use lock_redis::RedisBackend;
+    ///
+    /// let locker = Locker::new(RedisBackend::connect("redis://127.0.0.1:6379/0?response_timeout_ms=500").await?);
+    /// # let _ = locker; Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<RedisBackend> {
         Self::connect_with(RedisOptions::from_url(url)?).await
     }

@@ -68,6 +68,15 @@ impl RedlockBackend {
 
     /// Connects to the nodes of a `redlock://host1:port1,host2:port2,...` URL
     /// with default options (overridden by the URL's query).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::Locker;
+    /// use lock_redlock::RedlockBackend;
+    ///
+    /// let locker = Locker::new(RedlockBackend::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").await?);
+    /// # let _ = locker; Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
         Self::connect_with(url, RedlockOptions::default()).await
     }

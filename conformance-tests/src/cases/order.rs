@@ -130,7 +130,7 @@ const KILL_SLACK: Duration = Duration::from_millis(500);
 
 /// A waiter killed (SIGKILL, a process of its own) at the head of the line
 /// holds up the next waiter's grant for no longer than the backend's
-/// stated bound ([`Stall::bound`]), plus [`KILL_SLACK`]. Runs where the
+/// stated bound ([`Stall::bound`]), plus `KILL_SLACK`. Runs where the
 /// fixture has a URL and places in line have a lease.
 pub async fn a_waiter_killed_in_line_stalls_the_next_no_longer_than_the_bound(fx: &Fixture) {
     let Some(bound) = fx
