@@ -69,8 +69,8 @@ pub async fn floor(
     // The ring's keys are the entries of one lock's queue, laid out as the
     // etcd backend lays them out, a slot per task (no leases).
     let ring = format!("{prefix}/ring{waiters}-{writes:?}/");
-    let lock =
-        lockkit::validate::key("ring", &lockkit::Limits::default()).map_err(|e| e.to_string())?;
+    let lock = lockkit::raw::validate::key("ring", &lockkit::Limits::default())
+        .map_err(|e| e.to_string())?;
     let key = |i: usize| transactions::entry(&ring, &lock, (i % waiters) as i64);
     let mut c = client.clone();
     // A key left by an earlier ring would not be created anew below.

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::raw::{Grant, Place, Waiting};
 use crate::{
-    Capabilities, Error, Grant, HeldLock, Lease, LockKey, LockReport, LostReason, OwnerToken,
-    Place, Result, Waiting,
+    Capabilities, Error, HeldLock, Lease, LockKey, LockReport, LostReason, OwnerToken, Result,
 };
 
 /// A future that completes when a lock may have been released.
@@ -36,7 +36,7 @@ pub type DynBackend = dyn LockBackend;
 /// TTL, and gives it back at once where the server can be reached (the
 /// conformance suite drops attempts on their way, on every bundled
 /// backend, and checks that the key is free long before their TTL);
-/// [`GiveBack`](crate::GiveBack) is the guard for that.
+/// [`GiveBack`](crate::raw::GiveBack) is the guard for that.
 #[async_trait]
 pub trait LockBackend: Send + Sync + Debug + 'static {
     /// What this backend promises. Must not change over its lifetime.

@@ -7,7 +7,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Instrument;
 
-use crate::{Error, FencingToken, Lease, LockKey, Locker, LossFuture, LostReason, Result};
+use crate::raw::LossFuture;
+use crate::{Error, FencingToken, Lease, LockKey, Locker, LostReason, Result};
 
 /// How to take and keep a lock with [`Locker::guard`] or [`Locker::with_lock`].
 ///

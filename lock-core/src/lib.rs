@@ -21,10 +21,13 @@ mod place;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;
 pub mod url;
+// Reached through `raw`; public here only so that `raw` can re-export them.
+#[doc(hidden)]
 pub mod validate;
+#[doc(hidden)]
 pub mod wait;
 
-pub use backend::{DynBackend, LeaveFuture, LockBackend, LossFuture, WakeUpFuture};
+pub use backend::{DynBackend, LockBackend};
 pub use capabilities::{
     Assumption, Capabilities, Fencing, FencingGuarantee, Limits, SafetyModel, Stall, WaitingOrder,
     WakeUp,
@@ -32,19 +35,29 @@ pub use capabilities::{
 pub use deadline::DriftMargin;
 pub use error::{BoxError, Error, LostReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
-pub use give_back::GiveBack;
 pub use guard::{GuardOptions, LockGuard};
 pub use handle::Lock;
 pub use key::LockKey;
-pub use lease::{Grant, Lease, LeaseState};
+pub use lease::{Lease, LeaseState};
 pub use locker::{Locker, LockerOptions};
 pub use memory::MemoryBackend;
 pub use observe::KeyLabel;
 pub use operator::{HeldLock, LockReport};
 pub use owner::{OwnerToken, Secret};
 pub use patience::Wait;
-pub use place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};
-pub use wait::{Backoff, WAITING_EVENT_TARGET, Waiting};
+pub use wait::{Backoff, WAITING_EVENT_TARGET};
 
-/// The trait's async methods are declared with this macro; backends use it too.
-pub use async_trait::async_trait;
+/// For those who write a backend: what [`LockBackend`]'s methods take and
+/// return, and the helpers every backend shares. An application that only
+/// takes locks never needs this module.
+pub mod raw {
+    /// The trait's async methods are declared with this macro; backends use it too.
+    pub use async_trait::async_trait;
+
+    pub use crate::backend::{DynBackend, LeaveFuture, LockBackend, LossFuture, WakeUpFuture};
+    pub use crate::give_back::GiveBack;
+    pub use crate::lease::Grant;
+    pub use crate::place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};
+    pub use crate::wait::Waiting;
+    pub use crate::{validate, wait};
+}

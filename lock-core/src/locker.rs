@@ -10,9 +10,10 @@ use tracing::{Instrument, debug_span, field};
 
 use crate::guard::{GuardOptions, LockGuard};
 use crate::observe::{GiveBackCause, Observer};
+use crate::raw::{Grant, Waiting};
 use crate::{
-    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, Grant, HeldLock, KeyLabel,
-    Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, Wait, Waiting, validate,
+    Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, HeldLock, KeyLabel, Lease,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, Wait, validate,
 };
 
 /// The longest wait: about 30 years, as far as any clock here can count

@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::raw::{GiveBack, Grant, LeaveFuture, LossFuture, Place, WakeUpFuture};
 use crate::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, GiveBack, Grant, HeldLock,
-    Lease, LeaveFuture, LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Place, Result,
-    SafetyModel, Stall, WaitingOrder, WakeUp, WakeUpFuture,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, HeldLock, Lease, LockBackend,
+    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 
 /// Locks kept in this process's memory. Clones share the same locks.
@@ -140,17 +140,17 @@ impl MemoryBackend {
     pub fn new() -> Self {
         MemoryBackend {
             state: Arc::default(),
-            capabilities: Arc::new(Self::capabilities_with(crate::DEFAULT_WAITER_LEASE)),
-            waiter_lease: crate::DEFAULT_WAITER_LEASE,
+            capabilities: Arc::new(Self::capabilities_with(crate::raw::DEFAULT_WAITER_LEASE)),
+            waiter_lease: crate::raw::DEFAULT_WAITER_LEASE,
         }
     }
 
     /// Keeps places in line for `lease` without a refresh (default
-    /// [`DEFAULT_WAITER_LEASE`](crate::DEFAULT_WAITER_LEASE)): a waiter that
+    /// [`DEFAULT_WAITER_LEASE`](crate::raw::DEFAULT_WAITER_LEASE)): a waiter that
     /// stops refreshing (a leaked wait) holds the line up that long at most.
     /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
     pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
-        self.waiter_lease = crate::waiter_lease(lease)?;
+        self.waiter_lease = crate::raw::waiter_lease(lease)?;
         self.capabilities = Arc::new(Self::capabilities_with(lease));
         Ok(self)
     }

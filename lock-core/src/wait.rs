@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Error, GiveBack, Grant, LockBackend, LockKey, OwnerToken, Place, Result};
+use crate::raw::{GiveBack, Grant, Place};
+use crate::{Error, LockBackend, LockKey, OwnerToken, Result};
 
 /// The target of the `DEBUG` event (message `waiting`, field `key`) an
 /// acquire emits when it starts to wait, so that a release from then on is

@@ -130,12 +130,12 @@ async fn a_wait_retries_with_a_fresh_owner_and_the_lease_is_the_winners() {
     let key = locker.key("k").unwrap();
     let asked = lock_core::OwnerToken::random();
     let back_up = unavailable_for(&memory, Duration::from_millis(100));
-    let waiting = lock_core::Waiting {
+    let waiting = lock_core::raw::Waiting {
         started: tokio::time::Instant::now(),
         until: tokio::time::Instant::now() + LONG,
         backoff: lock_core::Backoff::default(),
     };
-    let grant = lock_core::wait::poll_until_granted(&memory, &key, &asked, LONG, &waiting)
+    let grant = lock_core::raw::wait::poll_until_granted(&memory, &key, &asked, LONG, &waiting)
         .await
         .expect("granted once the backend is back");
     back_up.await.unwrap();

@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::raw::Grant;
 use lock_core::{
-    Capabilities, Grant, GuardOptions, Lease, LockBackend, LockKey, Locker, LostReason,
-    MemoryBackend, OwnerToken, Result, SafetyModel,
+    Capabilities, GuardOptions, Lease, LockBackend, LockKey, Locker, LostReason, MemoryBackend,
+    OwnerToken, Result, SafetyModel,
 };
 
 const LONG: Duration = Duration::from_secs(60);

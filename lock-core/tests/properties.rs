@@ -6,8 +6,8 @@
 use lock_core::Wait;
 use std::time::Duration;
 
+use lock_core::raw::validate::{self, MAX_KEY_BYTES, MAX_TTL};
 use lock_core::url::{ServerUrl, redact};
-use lock_core::validate::{self, MAX_KEY_BYTES, MAX_TTL};
 use lock_core::{
     Backoff, DriftMargin, Error, GuardOptions, Limits, Locker, LockerOptions, MemoryBackend,
 };

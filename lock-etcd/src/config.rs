@@ -164,9 +164,9 @@ impl EtcdOptions {
 
     /// Refuses values that cannot work, naming the option and the limit.
     pub(crate) fn check(&self) -> Result<()> {
-        lock_core::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
-        lock_core::validate::timeout("request_timeout_ms", self.request_timeout)?;
-        let longest = lock_core::validate::MAX_TTL;
+        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
+        lock_core::raw::validate::timeout("request_timeout_ms", self.request_timeout)?;
+        let longest = lock_core::raw::validate::MAX_TTL;
         if self.min_ttl.is_zero() || self.min_ttl.subsec_nanos() != 0 || self.min_ttl > longest {
             return Err(Error::invalid(
                 "min_ttl_s",

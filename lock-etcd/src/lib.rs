@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, TxnResponse};
+use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, HeldLock, Lease,
-    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Stall, Waiting,
-    WaitingOrder, WakeUp, async_trait,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, HeldLock, Lease, LockBackend,
+    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 use tokio::time::{Instant, sleep, timeout_at};
 
@@ -308,7 +308,7 @@ impl EtcdBackend {
     }
 
     fn validate(&self, key: &str) -> Result<LockKey> {
-        lock_core::validate::key(key, &self.inner.capabilities.limits)
+        lock_core::raw::validate::key(key, &self.inner.capabilities.limits)
     }
 
     fn queue(&self, key: &LockKey) -> Queue {

@@ -263,7 +263,8 @@ pub(crate) fn lock_key(entry: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::{Limits, validate};
+    use lock_core::Limits;
+    use lock_core::raw::validate;
 
     fn key(k: &str) -> LockKey {
         validate::key(k, &Limits::default()).unwrap()

@@ -6,7 +6,8 @@
 //! live, else from watches of the waiter's own ([`crate::wake`]).
 
 use etcd_client::TxnOpResponse;
-use lock_core::{Error, Grant, LockKey, Result, Waiting};
+use lock_core::raw::{Grant, Waiting};
+use lock_core::{Error, LockKey, Result};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::countdown::Told;

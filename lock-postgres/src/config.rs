@@ -268,7 +268,7 @@ impl PostgresOptions {
     /// Sets the time allowed to open a connection (at least 1 ms; a value
     /// past what the clock can count, `Duration::MAX`, means no limit).
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.connect_timeout = lock_core::validate::timeout("connect_timeout_ms", timeout)?;
+        self.connect_timeout = lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
         Ok(self)
     }
 
@@ -277,7 +277,7 @@ impl PostgresOptions {
     /// `Duration::MAX`, means no limit). It is also the session's
     /// `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
     pub fn with_response_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.response_timeout = lock_core::validate::timeout("response_timeout_ms", timeout)?;
+        self.response_timeout = lock_core::raw::validate::timeout("response_timeout_ms", timeout)?;
         Ok(self)
     }
 

@@ -14,10 +14,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
-    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Grant, Lease, Limits,
-    LockBackend, LockKey, LossFuture, LostReason, OwnerToken, Result, SafetyModel, Waiting, WakeUp,
-    async_trait,
+    Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Lease, Limits, LockBackend,
+    LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
 };
 use sqlx::postgres::{PgConnection, PgQueryResult};
 use tokio::sync::{Mutex, watch};

@@ -58,8 +58,8 @@ pub struct Timeouts {
 impl Timeouts {
     /// Refuses a timeout under 1 ms, naming it.
     pub fn check(&self) -> Result<()> {
-        lock_core::validate::timeout("connect_timeout_ms", self.connect)?;
-        lock_core::validate::timeout("response_timeout_ms", self.response)?;
+        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect)?;
+        lock_core::raw::validate::timeout("response_timeout_ms", self.response)?;
         Ok(())
     }
 }

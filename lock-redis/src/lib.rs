@@ -9,11 +9,13 @@ mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::raw::{
+    DEFAULT_WAITER_LEASE, GiveBack, Grant, LeaveFuture, Place, WakeUpFuture, async_trait,
+};
 use lock_core::url::ServerUrl;
 use lock_core::{
-    Assumption, Capabilities, DEFAULT_WAITER_LEASE, Error, FencingGuarantee, GiveBack, Grant,
-    HeldLock, Lease, LeaveFuture, Limits, LockBackend, LockKey, LostReason, OwnerToken, Place,
-    Result, SafetyModel, Stall, WaitingOrder, WakeUp, WakeUpFuture, async_trait,
+    Assumption, Capabilities, Error, FencingGuarantee, HeldLock, Lease, Limits, LockBackend,
+    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -69,7 +71,7 @@ impl RedisOptions {
         };
         let settings = RedisSettings::from_url(&parsed, tls, &[RESPONSE_TIMEOUT, WAITER_LEASE])?;
         let waiter_lease = match parsed.millis_param(WAITER_LEASE)? {
-            Some(lease) => lock_core::waiter_lease(lease)?,
+            Some(lease) => lock_core::raw::waiter_lease(lease)?,
             None => DEFAULT_WAITER_LEASE,
         };
         if !cluster && settings.servers.len() > 1 {
@@ -100,7 +102,7 @@ impl RedisOptions {
     /// third of it (see [`Stall`]). Waiters refresh every third of it.
     /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
     pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
-        self.waiter_lease = lock_core::waiter_lease(lease)?;
+        self.waiter_lease = lock_core::raw::waiter_lease(lease)?;
         Ok(self)
     }
 

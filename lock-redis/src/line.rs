@@ -10,7 +10,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::{OwnerToken, Place};
+use lock_core::OwnerToken;
+use lock_core::raw::Place;
 use lock_redis_wire::{LockKeys, map_error, scripts};
 
 use crate::connection::Conn;

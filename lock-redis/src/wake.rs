@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::WakeUpFuture;
+use lock_core::raw::WakeUpFuture;
 use lock_redis_wire::{RedisSettings, scripts};
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult};

@@ -272,7 +272,7 @@ async fn release_messages_arrive_again_after_a_server_outage() {
 
 /// The lock `handoff`, as a backend names it.
 fn handoff(backend: &RedisBackend) -> lock_core::LockKey {
-    lock_core::validate::key("handoff", &backend.capabilities().limits).unwrap()
+    lock_core::raw::validate::key("handoff", &backend.capabilities().limits).unwrap()
 }
 
 /// `waiter`'s wake-up future for the lock `handoff`, running: it completes

@@ -58,8 +58,8 @@ impl RedlockOptions {
         if url.param("connect_timeout_ms").is_some() || url.param("timeout_ms").is_some() {
             self.connect_timeout = settings.timeouts.connect;
         }
-        lock_core::validate::timeout("node_timeout_ms", self.node_timeout)?;
-        lock_core::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
+        lock_core::raw::validate::timeout("node_timeout_ms", self.node_timeout)?;
+        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
         Ok(self)
     }
 }

@@ -8,10 +8,10 @@ mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::raw::{GiveBack, Grant, WakeUpFuture, async_trait};
 use lock_core::{
-    Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, GiveBack, Grant,
-    Lease, LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp, WakeUpFuture,
-    async_trait,
+    Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lock_core::WakeUpFuture;
+use lock_core::raw::WakeUpFuture;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;

@@ -528,7 +528,7 @@ async fn a_paused_node_does_not_hold_back_a_waiters_wake_up() {
         .expect("connect");
     let locker = Locker::new(backend.clone());
     let patience = Duration::from_secs(20);
-    let key = |name| lock_core::validate::key(name, &backend.capabilities().limits).unwrap();
+    let key = |name| lock_core::raw::validate::key(name, &backend.capabilities().limits).unwrap();
     // An earlier wait opened the subscription connections, which stay:
     // the paused node's takes the next SUBSCRIBE and never answers it.
     drop(
@@ -576,7 +576,7 @@ async fn waits_during_a_pause_leave_no_wake_up_state_behind() {
     };
     // An earlier wait opened the subscription connections, which stay:
     // the paused node's takes the next SUBSCRIBE and never answers it.
-    let earlier = lock_core::validate::key("earlier", &backend.capabilities().limits).unwrap();
+    let earlier = lock_core::raw::validate::key("earlier", &backend.capabilities().limits).unwrap();
     drop(backend.on_release(&earlier).await.expect("a wake-up"));
     tokio::time::timeout(patience, emptied(backend.clone()))
         .await

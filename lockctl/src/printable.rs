@@ -13,9 +13,9 @@ use std::fmt::Write;
 /// Whether `c` shows on a terminal as the one visible character it is (or
 /// as a plain space), without acting on the terminal or on its neighbours:
 /// the characters lockkit accepts in keys (see
-/// [`lockkit::validate::unprintable`], one rule for keys and for what is shown).
+/// [`lockkit::raw::validate::unprintable`], one rule for keys and for what is shown).
 pub fn is_safe(c: char) -> bool {
-    lockkit::validate::unprintable(c).is_none()
+    lockkit::raw::validate::unprintable(c).is_none()
 }
 
 /// `text` with every character that is not [`is_safe`] escaped: for

@@ -3,7 +3,7 @@
 use lock_core::Wait;
 use std::time::Duration;
 
-use lock_core::validate::{MAX_KEY_BYTES, MAX_TTL};
+use lock_core::raw::validate::{MAX_KEY_BYTES, MAX_TTL};
 use lock_core::{Error, FencingGuarantee, GuardOptions, SafetyModel};
 
 use super::LONG_TTL;
