@@ -53,10 +53,7 @@ async fn main() -> Result<(), String> {
     let locker = lockkit::connect(&url)
         .await
         .map_err(|e| e.to_string())?
-        .with_options(LockerOptions {
-            key_label: KeyLabel::Prefix('/'),
-            ..LockerOptions::default()
-        });
+        .with_options(LockerOptions::default().key_label(KeyLabel::Prefix('/')));
     // Redacted: a URL may carry a password.
     let url = lockkit::url::redact(&url);
     println!("locking over {url}; metrics at http://{listen}/metrics");

@@ -399,10 +399,7 @@ async fn the_key_label_is_there_only_when_asked_for() {
     let memory = MemoryBackend::new();
     let ttl = Duration::from_secs(3);
     let labelled = |key_label| {
-        Locker::new(memory.clone()).with_options(LockerOptions {
-            key_label,
-            ..LockerOptions::default()
-        })
+        Locker::new(memory.clone()).with_options(LockerOptions::default().key_label(key_label))
     };
     let prefix = unique_key("tenant");
     let key = format!("{prefix}/invoice/42");

@@ -22,6 +22,7 @@ use crate::{Error, FencingToken, Lease, LockKey, Locker, LostReason, Result};
 /// assert_eq!(options.ttl, Duration::from_secs(30));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GuardOptions {
     /// TTL of the grant, renewed before it runs out.
     pub ttl: Duration,

@@ -20,8 +20,20 @@ use crate::{
 /// ahead (what a wait of `Duration::MAX` means).
 const FOREVER: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
-/// Settings of a [`Locker`] that apply to every backend.
+/// Settings of a [`Locker`] that apply to every backend, set one by one so
+/// that a setting added later breaks no caller:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{Backoff, KeyLabel, Locker, LockerOptions, MemoryBackend};
+///
+/// let options = LockerOptions::default()
+///     .backoff(Backoff::default())
+///     .key_label(KeyLabel::Prefix('/'));
+/// let locker = Locker::new(MemoryBackend::new()).with_options(options);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub struct LockerOptions {
     /// Margin subtracted from every TTL when computing deadlines.
     pub drift: DriftMargin,
@@ -30,6 +42,26 @@ pub struct LockerOptions {
     /// Whether metrics carry the key (or its prefix) as a label; off by
     /// default, since every distinct key would make series of its own.
     pub key_label: KeyLabel,
+}
+
+impl LockerOptions {
+    /// Sets the margin subtracted from every TTL when computing deadlines.
+    pub fn drift(mut self, drift: DriftMargin) -> Self {
+        self.drift = drift;
+        self
+    }
+
+    /// Sets the delays between attempts while waiting.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets whether metrics carry the key (or its prefix) as a label.
+    pub fn key_label(mut self, key_label: KeyLabel) -> Self {
+        self.key_label = key_label;
+        self
+    }
 }
 
 /// A lock service over one backend: cheap to clone, safe to share.

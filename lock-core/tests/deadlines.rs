@@ -101,13 +101,12 @@ async fn renewals_count_from_the_grant_not_from_its_reply() {
 #[tokio::test(flavor = "current_thread")]
 async fn odd_margins_with_huge_ttls_are_refused_not_panics() {
     for fraction in [f64::NAN, f64::INFINITY, 1.0, 2.0, -1.0, 0.5] {
-        let locker = Locker::new(MemoryBackend::new()).with_options(LockerOptions {
-            drift: DriftMargin {
+        let locker = Locker::new(MemoryBackend::new()).with_options(
+            LockerOptions::default().drift(DriftMargin {
                 fraction,
                 fixed: Duration::MAX,
-            },
-            ..LockerOptions::default()
-        });
+            }),
+        );
         for ttl in [
             Duration::MAX,
             Duration::from_secs(u64::MAX),

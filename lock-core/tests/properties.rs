@@ -187,7 +187,7 @@ proptest! {
             let memory = MemoryBackend::new();
             let drift = DriftMargin { fraction, ..DriftMargin::default() };
             let locker = Locker::new(memory.clone())
-                .with_options(LockerOptions { drift, ..LockerOptions::default() });
+                .with_options(LockerOptions::default().drift(drift));
             let mut leases = Vec::new();
             let mut guards = Vec::new();
             for call in calls {

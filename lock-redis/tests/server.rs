@@ -110,10 +110,7 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
         initial: Duration::from_secs(10),
         max: Duration::from_secs(10),
     };
-    let locker = Locker::new(backend.clone()).with_options(LockerOptions {
-        backoff: poll,
-        ..LockerOptions::default()
-    });
+    let locker = Locker::new(backend.clone()).with_options(LockerOptions::default().backoff(poll));
     let held = locker.try_acquire("handoff", TTL).await.unwrap();
     // Attempts share script calls (see the batcher), so they are counted
     // by what only a refused one runs: `PTTL`, for the holder's remaining
@@ -330,13 +327,11 @@ async fn waits_that_end_before_their_subscription_is_answered_leave_no_channel_s
         );
     }
     let backend = connect(&server).await;
-    let locker = Locker::new(backend.clone()).with_options(LockerOptions {
-        backoff: Backoff {
+    let locker =
+        Locker::new(backend.clone()).with_options(LockerOptions::default().backoff(Backoff {
             initial: Duration::from_millis(2),
             max: Duration::from_millis(4),
-        },
-        ..LockerOptions::default()
-    });
+        }));
     // A first wait opens the subscription connection while the server answers.
     let warm_up = locker
         .acquire("short/0", TTL, Wait::at_most(Duration::from_millis(300)))
@@ -417,13 +412,12 @@ async fn waits_that_end_before_their_subscription_is_answered_leave_no_channel_s
 #[tokio::test]
 async fn a_waiter_keeps_its_subscription_across_poll_rounds() {
     let server = RedisServer::start().expect("start redis");
-    let locker = Locker::new(connect(&server).await).with_options(LockerOptions {
-        backoff: Backoff {
+    let locker = Locker::new(connect(&server).await).with_options(
+        LockerOptions::default().backoff(Backoff {
             initial: Duration::from_millis(1),
             max: Duration::from_millis(2),
-        },
-        ..LockerOptions::default()
-    });
+        }),
+    );
     let _held = locker.try_acquire("rounds", TTL).await.unwrap();
     let polled = locker
         .acquire("rounds", TTL, Wait::at_most(Duration::from_millis(500)))

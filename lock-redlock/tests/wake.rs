@@ -22,13 +22,11 @@ async fn a_waiter_keeps_its_subscriptions_across_poll_rounds() {
     let backend = RedlockBackend::connect(&nodes.url())
         .await
         .expect("connect");
-    let locker = Locker::new(backend.clone()).with_options(LockerOptions {
-        backoff: Backoff {
+    let locker =
+        Locker::new(backend.clone()).with_options(LockerOptions::default().backoff(Backoff {
             initial: Duration::from_millis(5),
             max: Duration::from_millis(10),
-        },
-        ..LockerOptions::default()
-    });
+        }));
     let _held = locker.try_acquire("rounds", TTL).await.unwrap();
     let polled = locker
         .acquire("rounds", TTL, Wait::at_most(Duration::from_millis(500)))
