@@ -27,7 +27,9 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
     let fail = |e| map_error(backend, endpoint, e);
     let mut cursor: u64 = 0;
     loop {
-        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+        // Names as bytes: another client may have written one that is not
+        // UTF-8, which must not make the whole listing fail.
+        let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
             .arg(&pattern)
@@ -44,13 +46,19 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
             let ttls: Vec<i64> = pipe.query_async(conn).await.map_err(fail)?;
             let mut held = Vec::new();
             for (name, ttl) in names.into_iter().zip(ttls) {
-                match (ttl, layout.parse(&name)) {
+                let text = String::from_utf8(name).map_err(|e| e.into_bytes());
+                match (ttl, text) {
                     (-2, _) => {} // expired between SCAN and PTTL
-                    (-1, _) => report.leaks.push(name),
-                    (ms, Some(StoredKey::Lock(key))) => {
-                        held.push((key, Duration::from_millis(ms.max(0) as u64)))
+                    (-1, Ok(name)) => report.leaks.push(name),
+                    // Shown with its bytes escaped (`\xff`), as no lock's key is.
+                    (-1, Err(bytes)) => report.leaks.push(bytes.escape_ascii().to_string()),
+                    (ms, Ok(name)) => {
+                        if let Some(StoredKey::Lock(key)) = layout.parse(&name) {
+                            held.push((key, Duration::from_millis(ms.max(0) as u64)))
+                        }
                     }
-                    _ => {}
+                    // Not UTF-8, so not a key lockkit wrote, and it expires.
+                    (_, Err(_)) => {}
                 }
             }
             if !counters_per_lock {

@@ -288,3 +288,46 @@ fn list_names_a_key_that_never_expires_as_a_leak() {
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
     assert_eq!(json["leaks"], serde_json::json!([stored]), "{json}");
 }
+
+/// A key name that is not UTF-8 (written by another client) neither breaks
+/// `list` nor prints raw: a lock key with no TTL is shown as a leak, its
+/// bytes escaped.
+#[test]
+fn list_copes_with_key_names_that_are_not_utf8() {
+    let Some(url) = conformance_tests::server_url("LOCKKIT_REDIS_URL") else {
+        return;
+    };
+    let prefix = unique_key("bytes");
+    let stored = lock_redis_wire::KeyLayout::default()
+        .keys(&format!("{prefix}/x"))
+        .lock;
+    // The same name with a byte that is not UTF-8 inside the braces.
+    let mut raw = stored.clone().into_bytes();
+    let at = raw.len() - 2;
+    raw.insert(at, 0xff);
+    let mut redis = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to the shared Redis");
+    redis::cmd("SET")
+        .arg(&raw)
+        .arg("no-ttl")
+        .query::<()>(&mut redis)
+        .expect("SET");
+
+    let out = output(&["--url", &url, "list", &prefix]);
+    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&raw).query(&mut redis);
+
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("\tleak\t"))
+        .unwrap_or_else(|| panic!("no leak line: {stdout:?}"));
+    assert!(line.contains("\\xff"), "{line:?}");
+    assert!(!line.contains('\u{fffd}'), "{line:?}");
+}
