@@ -186,6 +186,17 @@ mod tests {
         assert!(!default.would_enable("lock_core", &tracing::Level::INFO));
     }
 
+    proptest::proptest! {
+        /// Whatever LOCKKIT_LOG holds, it is read or refused with a message
+        /// that quotes it: never a panic.
+        #[test]
+        fn any_lockkit_log_value_is_read_or_refused(text in "\\PC{0,40}") {
+            if let Err(problem) = filter(Some(&text)) {
+                proptest::prop_assert!(problem.contains(VAR), "{}", problem);
+            }
+        }
+    }
+
     #[test]
     fn levels_are_read_in_any_case_and_others_refused() {
         assert_eq!(level("Debug"), Ok(LevelFilter::DEBUG));
