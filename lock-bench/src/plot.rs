@@ -403,6 +403,13 @@ fn chart(
         root.draw_text(&legend_name(name, kind), &style, (x0 + 48, y))
             .map_err(|e| err(&e))?;
     }
+    let key = "solid: lockkit · dotted: peers · dashed: bounds";
+    let style = TextStyle::from(("sans-serif", 12).into_font())
+        .color(&RGBColor(90, 90, 90))
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    let rows = lines.len() + goals.len();
+    root.draw_text(key, &style, (x0, top + 8 + row * rows as i32 + 6))
+        .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))
 }
 
