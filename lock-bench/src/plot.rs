@@ -11,7 +11,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::report::Report;
+use crate::report::{HANDOFF_P99_GOAL_US, REDIS_SHARE_OF_PIPELINED_BOUND, Report};
 use crate::stats::CURVE;
 
 /// Ten colours far apart (no greys: two of those looked alike).
@@ -75,10 +75,12 @@ struct Series {
     marker: Option<Marker>,
 }
 
-/// A goal that is one value of a plot's y axis, drawn across it.
+/// A goal that is one value of a plot's y axis: drawn across the plot, or,
+/// for a goal at one x only, as a short line ending there.
 struct GoalLine {
     label: String,
     y: f64,
+    at: Option<f64>,
 }
 
 /// The look of the `i`th subject, the same on every plot.
@@ -93,9 +95,6 @@ fn subject_kind(kind: &str) -> Kind {
         Kind::Backend
     }
 }
-
-/// The handoff p99 goal's threshold, in µs (report.rs checks `p99 < 5 ms`).
-const HANDOFF_P99_GOAL_US: f64 = 5000.0;
 
 /// Writes throughput.svg, acquire-latency.svg and handoff.svg into `dir`.
 pub fn all(report: &Report, dir: &Path) -> Result<(), String> {
@@ -153,13 +152,28 @@ pub fn all(report: &Report, dir: &Path) -> Result<(), String> {
             });
         }
     }
+    let bound64 = report
+        .bounds
+        .iter()
+        .find(|b| b.name == "redis-benchmark")
+        .and_then(|b| b.points.iter().find(|p| p.tasks == 64))
+        .and_then(|p| p.pipelined_pairs_per_s);
+    let redis_goal = bound64
+        .filter(|_| report.subjects.iter().any(|s| s.name == "redis"))
+        .map(|b| GoalLine {
+            label: format!(
+                "goal: redis >= {REDIS_SHARE_OF_PIPELINED_BOUND}x bound -P16 at 64 tasks"
+            ),
+            y: REDIS_SHARE_OF_PIPELINED_BOUND * b,
+            at: Some(64.0),
+        });
     chart(
         &dir.join("throughput.svg"),
         "Uncontended acquire+release pairs/s by concurrency",
         "tasks",
         "pairs/s",
         &lines,
-        &[],
+        redis_goal.as_slice(),
         true,
     )?;
 
@@ -226,6 +240,7 @@ pub fn all(report: &Report, dir: &Path) -> Result<(), String> {
     let goal = GoalLine {
         label: "goal: handoff p99 < 5 ms (backends with wake-ups)".into(),
         y: HANDOFF_P99_GOAL_US,
+        at: None,
     };
     chart(
         &dir.join("handoff.svg"),
@@ -361,7 +376,12 @@ fn chart(
             }
         }
     }
-    for (g, &y) in goals.iter().zip(&goal_ys) {
+    for (g, &(x, y)) in goals.iter().zip(&goal_ys) {
+        if let Some(x) = x {
+            // A goal at one x: a short line ending there, labelled in the legend.
+            line(&root, &[(x - 60, y), (x, y)], Kind::Goal, GOAL).map_err(|e| err(&e))?;
+            continue;
+        }
         line(&root, &[(left, y), (right, y)], Kind::Goal, GOAL).map_err(|e| err(&e))?;
         // Left, where the distributions are lowest, on white so that a
         // line under it does not cross the words.
@@ -422,10 +442,14 @@ fn legend_name(name: &str, kind: Kind) -> String {
     }
 }
 
-type Pixels = (Vec<Vec<(i32, i32)>>, Vec<i32>, (i32, i32, i32));
+type Pixels = (
+    Vec<Vec<(i32, i32)>>,
+    Vec<(Option<i32>, i32)>,
+    (i32, i32, i32),
+);
 
 /// Maps each line's points with `at`, dropping those a log axis cannot show;
-/// also the goals' heights and the data area's left, top and right edges.
+/// also where the goals are (x only for a goal at one x) and the data area's left, top and right edges.
 fn to_pixels(
     lines: &[Series],
     goals: &[GoalLine],
@@ -436,7 +460,13 @@ fn to_pixels(
         .iter()
         .map(|l| l.points.iter().filter(|p| p.1 > 0.0).map(&at).collect())
         .collect();
-    let goal_ys = goals.iter().map(|g| at(&(1.0, g.y)).1).collect();
+    let goal_ys = goals
+        .iter()
+        .map(|g| {
+            let (x, y) = at(&(g.at.unwrap_or(1.0), g.y));
+            (g.at.map(|_| x), y)
+        })
+        .collect();
     (pixels, goal_ys, (xs.start, ys.start, xs.end))
 }
 
@@ -500,5 +530,71 @@ fn mark(
                 area.draw(&Polygon::new(pts, style))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Machine, Subject};
+    use crate::scenarios::Uncontended;
+
+    #[test]
+    fn axis_numbers_are_short() {
+        assert_eq!(short_number(1_200_000.0), "1.2M");
+        assert_eq!(short_number(15_000.0), "15k");
+        assert_eq!(short_number(100_000.0), "100k");
+        assert_eq!(short_number(950.0), "950");
+        assert_eq!(short_number(1.5), "1.5");
+    }
+
+    #[test]
+    fn the_first_thirty_subjects_all_look_different() {
+        let mut looks: Vec<String> = (0..30).map(|i| format!("{:?}", look(i))).collect();
+        looks.sort();
+        looks.dedup();
+        assert_eq!(looks.len(), 30);
+    }
+
+    #[test]
+    fn the_plots_carry_the_legend_and_the_goal() {
+        let mut report = Report::new(crate::Mode::Quick, Machine::default());
+        let mut redis = Subject::new("redis", "backend", "redis://x");
+        redis.uncontended = [1, 64]
+            .map(|tasks| Uncontended {
+                tasks,
+                pairs: 1,
+                pairs_per_s: 1000.0 * tasks as f64,
+                acquire: crate::stats::Latency::default(),
+                acquire_curve_us: CURVE.iter().map(|q| 100.0 + 1000.0 * q).collect(),
+                errors: 0,
+                first_error: None,
+            })
+            .to_vec();
+        report.subjects.push(redis);
+        report.bounds.push(crate::Bound {
+            name: "redis-benchmark".into(),
+            method: String::new(),
+            points: vec![crate::BoundPoint {
+                tasks: 64,
+                pairs_per_s: 40_000.0,
+                pipelined_pairs_per_s: Some(100_000.0),
+                acquire_p50_us: None,
+                detail: String::new(),
+            }],
+            handoffs: Vec::new(),
+            errors: Vec::new(),
+        });
+        let dir = std::env::temp_dir().join(format!("lockkit-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary folder");
+        all(&report, &dir).expect("the plots");
+        let svg = |name: &str| std::fs::read_to_string(dir.join(name)).expect("a plot");
+        let throughput = svg("throughput.svg");
+        assert!(throughput.contains("\nredis\n"));
+        assert!(throughput.contains("bound: redis-benchmark -P16"));
+        assert!(throughput.contains("goal: redis &gt;= 0.8x bound -P16 at 64 tasks"));
+        assert!(svg("acquire-latency.svg").contains("\nredis\n"));
+        assert!(svg("handoff.svg").contains("goal: handoff p99"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
