@@ -293,10 +293,10 @@ fn trim(v: f64) -> String {
     s.strip_suffix(".0").map_or(s.clone(), str::to_owned)
 }
 
-const WIDTH: u32 = 1100;
+const WIDTH: u32 = 1140;
 const HEIGHT: u32 = 520;
 /// The strip right of the data that holds the legend.
-const LEGEND_WIDTH: u32 = 300;
+const LEGEND_WIDTH: u32 = 340;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
