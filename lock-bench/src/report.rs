@@ -95,6 +95,13 @@ pub async fn machine() -> Machine {
     }
 }
 
+/// The goal on handoffs: p99 under 5 ms, in µs (the plot draws it too).
+pub(crate) const HANDOFF_P99_GOAL_US: f64 = 5000.0;
+
+/// The goal on Redis: at least this share of the pipelined redis-benchmark
+/// bound at 64 tasks (the plot draws it too).
+pub(crate) const REDIS_SHARE_OF_PIPELINED_BOUND: f64 = 0.8;
+
 /// One measured library: a lockkit backend or the peer.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Subject {
@@ -404,7 +411,7 @@ impl Report {
         goals.push(check(
             "Redis: >= 0.8 of the pipelined redis-benchmark bound at 64 tasks",
             div(r64, bound64),
-            0.8,
+            REDIS_SHARE_OF_PIPELINED_BOUND,
             format!(
                 "{} vs {} pairs/s",
                 rate(r64.unwrap_or(0.0)),
@@ -589,7 +596,7 @@ impl Report {
                         .collect();
                     format!("{} ({w} waiters{release}{floor})", us(p))
                 }),
-                met: worst.map(|(p, _)| p < 5000.0),
+                met: worst.map(|(p, _)| p < HANDOFF_P99_GOAL_US),
             });
         }
         for s in self.subjects.iter().filter(|s| s.kind == "backend") {
@@ -627,6 +634,7 @@ impl Report {
             "Machine: {} ({} CPUs), {:.0} GiB, {}, Linux {}. Servers on loopback: {}. Run took {:.0} s.{steal}\n",
             m.cpu, m.cpus, m.memory_gib, m.os, m.kernel, m.servers, self.wall_s
         );
+        md.push_str(&self.verdicts());
         md.push_str(&self.uncontended_table(None));
         md.push_str(&self.contended_table());
         md.push_str(&self.memory_table());
@@ -705,6 +713,78 @@ impl Report {
                 let _ = writeln!(md, "- {f}");
             }
         }
+        md
+    }
+
+    /// One line per backend, before the tables: its throughput against its
+    /// server's bound and its peer at the highest concurrency both ran, and
+    /// its goals met and missed.
+    fn verdicts(&self) -> String {
+        let mut md = String::from("## Verdict\n\n");
+        for s in self.subjects.iter().filter(|s| s.kind != "peer") {
+            let mut line = format!("- **{}**: ", s.name);
+            match s.uncontended.iter().max_by_key(|u| u.tasks) {
+                None => {
+                    let why = s.errors.first().map_or("none", String::as_str);
+                    let why: String = why.replace('\n', " ").chars().take(160).collect();
+                    let _ = write!(line, "no figures ({why})");
+                }
+                Some(u) => {
+                    let _ = write!(
+                        line,
+                        "{} pairs/s at {} task{}",
+                        rate(u.pairs_per_s),
+                        u.tasks,
+                        if u.tasks == 1 { "" } else { "s" }
+                    );
+                    let mut against = Vec::new();
+                    if let Some(b) = self.bound_at(s.baseline.as_deref(), u.tasks) {
+                        let name = s.baseline.as_deref().unwrap_or_default();
+                        against.push(format!(
+                            "{} {name}",
+                            ratio(u.pairs_per_s, Some(b.pairs_per_s))
+                        ));
+                        if let Some(p) = b.pipelined_pairs_per_s {
+                            against.push(format!("{} {name} -P16", ratio(u.pairs_per_s, Some(p))));
+                        }
+                    }
+                    if let (Some(peer), Some(p)) = (s.peer.as_deref(), self.peer_at(s, u.tasks)) {
+                        against.push(format!(
+                            "{} {peer}",
+                            ratio(u.pairs_per_s, Some(p.pairs_per_s))
+                        ));
+                    }
+                    if !against.is_empty() {
+                        let _ = write!(line, " ({})", against.join(", "));
+                    }
+                }
+            }
+            let own: Vec<&Goal> = self
+                .goals
+                .iter()
+                .filter(|g| goal_owner(&g.goal) == s.name)
+                .collect();
+            let met = own.iter().filter(|g| g.met == Some(true)).count();
+            let missed: Vec<&str> = own
+                .iter()
+                .filter(|g| g.met == Some(false))
+                .map(|g| {
+                    g.goal
+                        .split_once(": ")
+                        .map_or(g.goal.as_str(), |(_, what)| what)
+                })
+                .collect();
+            let checked = met + missed.len();
+            if checked > 0 {
+                let _ = write!(line, "; goals: {met} of {checked} met");
+                if !missed.is_empty() {
+                    let _ = write!(line, ", missed: {}", missed.join("; "));
+                }
+            }
+            line.push('.');
+            let _ = writeln!(md, "{line}");
+        }
+        md.push('\n');
         md
     }
 
@@ -934,6 +1014,30 @@ impl Report {
     }
 }
 
+/// The backend a goal is about, from the words before its colon:
+/// "Redlock (5 nodes): ..." is redlock's, "PostgreSQL: ..." postgres's,
+/// "Metrics: redis pairs/s ..." redis's.
+fn goal_owner(goal: &str) -> String {
+    let Some((head, rest)) = goal.split_once(':') else {
+        return String::new();
+    };
+    let head = head
+        .split(" (")
+        .next()
+        .unwrap_or(head)
+        .trim()
+        .to_lowercase();
+    match head.as_str() {
+        "postgresql" => "postgres".into(),
+        "metrics" => rest
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+        _ => head,
+    }
+}
+
 /// A pair's median ratio and its spread, or why it has none.
 pub(crate) fn paired_outcome(p: &crate::Paired) -> String {
     match (p.median(), p.range()) {
@@ -1043,6 +1147,78 @@ mod tests {
             "{}",
             goal.measured
         );
+    }
+
+    #[test]
+    fn each_goal_belongs_to_the_backend_it_names() {
+        assert_eq!(
+            goal_owner("Redis: >= 1.3x rslock (1 node) at 64 tasks"),
+            "redis"
+        );
+        assert_eq!(
+            goal_owner("Redlock (5 nodes): p50 acquire latency"),
+            "redlock"
+        );
+        assert_eq!(
+            goal_owner("PostgreSQL: >= 0.6x pg_advisory_xact_lock"),
+            "postgres"
+        );
+        assert_eq!(
+            goal_owner("redis-cluster: handoff p99 < 5 ms (x)"),
+            "redis-cluster"
+        );
+        assert_eq!(goal_owner("Metrics: etcd pairs/s with a recorder"), "etcd");
+    }
+
+    #[test]
+    fn the_report_opens_with_a_verdict_per_backend() {
+        let uncontended = |tasks, pairs_per_s| Uncontended {
+            tasks,
+            pairs: 1,
+            pairs_per_s,
+            acquire: crate::stats::Latency::default(),
+            acquire_curve_us: Vec::new(),
+            errors: 0,
+            first_error: None,
+        };
+        let mut report = Report::new(Mode::Quick, Machine::default());
+        let mut redis = Subject::new("redis", "backend", "redis://x");
+        redis.baseline = Some("redis-benchmark".into());
+        redis.peer = Some("rslock (1 node)".into());
+        redis.uncontended = vec![uncontended(1, 9_000.0), uncontended(64, 80_000.0)];
+        let mut rslock = Subject::new("rslock (1 node)", "peer", "redis://x");
+        rslock.uncontended = vec![uncontended(64, 50_000.0)];
+        report.subjects = vec![
+            redis,
+            rslock,
+            Subject::failed("etcd", "LOCKKIT_ETCD_URL is not set".into()),
+        ];
+        report.bounds.push(Bound {
+            name: "redis-benchmark".into(),
+            method: String::new(),
+            points: vec![BoundPoint {
+                tasks: 64,
+                pairs_per_s: 40_000.0,
+                pipelined_pairs_per_s: Some(100_000.0),
+                acquire_p50_us: None,
+                detail: String::new(),
+            }],
+            handoffs: Vec::new(),
+            errors: Vec::new(),
+        });
+        report.finish();
+        let md = report.markdown();
+        let verdict = md
+            .split("## Verdict\n\n")
+            .nth(1)
+            .expect("a verdict section");
+        assert!(
+            verdict.starts_with(
+                "- **redis**: 80,000 pairs/s at 64 tasks (2.00x redis-benchmark, 0.80x redis-benchmark -P16, 1.60x rslock (1 node)); goals: 2 of 2 met.\n- **etcd**: no figures (LOCKKIT_ETCD_URL is not set).\n\n## Uncontended"
+            ),
+            "{verdict}"
+        );
+        assert!(md.find("## Verdict") < md.find("## Uncontended"));
     }
 
     #[test]
