@@ -13,7 +13,6 @@
 //! all listed), waiters, groups, handoffs to measure.
 
 use lockkit::Wait;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -92,7 +91,7 @@ async fn main() -> Result<(), String> {
         .collect();
     // Gathering: every waiter has made its first attempts by then.
     tokio::time::sleep(Duration::from_millis(500 + waiters as u64 * 2)).await;
-    let before = commands(&nodes).await;
+    let before = lock_bench::redis_command_calls(&nodes).await;
     let started = Instant::now();
     *released_at.lock().await = Some(Instant::now());
     if let Err(e) = lockers[0].release(holder).await {
@@ -109,7 +108,7 @@ async fn main() -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = started.elapsed();
-    let after = commands(&nodes).await;
+    let after = lock_bench::redis_command_calls(&nodes).await;
     let grants = granted.load(Ordering::Relaxed);
     let mut gaps = Vec::new();
     for task in tasks {
@@ -161,35 +160,4 @@ async fn nodes(url: &str) -> Result<Vec<redis::aio::MultiplexedConnection>, Stri
         out.push(conn);
     }
     Ok(out)
-}
-
-/// Calls per command, summed over the nodes (`INFO` itself left out).
-async fn commands(nodes: &[redis::aio::MultiplexedConnection]) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for node in nodes {
-        let Ok(text) = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async::<String>(&mut node.clone())
-            .await
-        else {
-            continue;
-        };
-        for line in text.lines() {
-            let Some((name, rest)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let calls = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-            if name != "info" {
-                *out.entry(name.to_owned()).or_default() += calls;
-            }
-        }
-    }
-    out
 }

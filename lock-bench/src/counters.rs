@@ -68,35 +68,7 @@ impl Counter {
     pub async fn snapshot(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         match self {
-            Counter::Redis(nodes) => {
-                for node in nodes {
-                    let mut c = node.clone();
-                    let Ok(text) = redis::cmd("INFO")
-                        .arg("commandstats")
-                        .query_async::<String>(&mut c)
-                        .await
-                    else {
-                        continue;
-                    };
-                    for line in text.lines() {
-                        let Some((name, rest)) = line
-                            .strip_prefix("cmdstat_")
-                            .and_then(|l| l.split_once(':'))
-                        else {
-                            continue;
-                        };
-                        if name == "info" {
-                            continue;
-                        }
-                        let calls = rest
-                            .split(',')
-                            .find_map(|kv| kv.strip_prefix("calls="))
-                            .and_then(|v| v.parse::<u64>().ok())
-                            .unwrap_or(0);
-                        *out.entry(name.to_owned()).or_default() += calls;
-                    }
-                }
-            }
+            Counter::Redis(nodes) => out = redis_command_calls(nodes).await,
             Counter::Postgres(pool) => {
                 // Sessions report their statistics at most once a second, when idle.
                 tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -277,6 +249,40 @@ pub async fn redis_nodes(url: &str) -> Result<Vec<MultiplexedConnection>, String
         );
     }
     Ok(out)
+}
+
+/// Calls per Redis command (`INFO commandstats`, which counts commands run
+/// inside scripts too), summed over `nodes`; `INFO` itself left out. A node
+/// that does not answer adds nothing.
+pub async fn redis_command_calls(nodes: &[MultiplexedConnection]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for node in nodes {
+        let Ok(text) = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async::<String>(&mut node.clone())
+            .await
+        else {
+            continue;
+        };
+        for line in text.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            if name == "info" {
+                continue;
+            }
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            *out.entry(name.to_owned()).or_default() += calls;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

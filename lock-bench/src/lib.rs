@@ -23,6 +23,7 @@ use lockkit::{Locker, WakeUp};
 use serde::Serialize;
 
 pub use baseline::{Bound, BoundPoint};
+pub use counters::redis_command_calls;
 pub use instructions::{InstructionPoint, ServerInstructions};
 pub use paired::{ClientRuntime, Metric, Paired};
 pub use report::{Goal, Machine, Report, Subject};
