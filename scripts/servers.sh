@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Start and stop the private servers that lockkit's integration tests and the
 # measurement lab talk to: a single Redis, 5 Redis masters for Redlock, a
-# 3-master Redis Cluster, a 3-member etcd cluster and a PostgreSQL 15 cluster.
+# 3-master Redis Cluster, a Redis Sentinel deployment (a master, a replica,
+# three sentinels), a 3-member etcd cluster and a PostgreSQL 15 cluster.
 #
 #   scripts/servers.sh install install what is missing (Debian packages), start nothing
 #   scripts/servers.sh up      install what is missing, (re)start everything, write urls.env
+#   scripts/servers.sh up sentinel   (re)start only the Sentinel deployment, add its URL
 #   scripts/servers.sh down    stop exactly the processes this script started
+#   scripts/servers.sh down sentinel stop only the Sentinel deployment
 #   scripts/servers.sh env     print urls.env (eval "$(scripts/servers.sh env)")
 #   scripts/servers.sh status  one line per server: up or down (exit 1 if any is down)
 #
@@ -38,6 +41,9 @@ CLUSTER_PORTS=(16391 16392 16393)
 ETCD_CLIENT_PORTS=(12379 12479 12579)
 ETCD_PEER_PORTS=(12380 12480 12580)
 PG_PORT=15432
+SENTINEL_REDIS_PORTS=(16401 16402) # the master, then its replica
+SENTINEL_PORTS=(26401 26402 26403)
+SENTINEL_MASTER=mymaster
 
 # Every server this script manages: "name port kind". The name is used for
 # the pid file, the log file and the data dir; the kind says how to ping it.
@@ -46,6 +52,9 @@ for i in "${!REDLOCK_PORTS[@]}"; do SERVERS+=("redlock-$((i + 1)) ${REDLOCK_PORT
 for i in "${!CLUSTER_PORTS[@]}"; do SERVERS+=("cluster-$((i + 1)) ${CLUSTER_PORTS[$i]} redis"); done
 for i in "${!ETCD_CLIENT_PORTS[@]}"; do SERVERS+=("etcd-$((i + 1)) ${ETCD_CLIENT_PORTS[$i]} etcd"); done
 SERVERS+=("postgres $PG_PORT postgres")
+SENTINEL_SERVERS=("sentinel-master ${SENTINEL_REDIS_PORTS[0]} redis" "sentinel-replica ${SENTINEL_REDIS_PORTS[1]} redis")
+for i in "${!SENTINEL_PORTS[@]}"; do SENTINEL_SERVERS+=("sentinel-$((i + 1)) ${SENTINEL_PORTS[$i]} sentinel"); done
+SERVERS+=("${SENTINEL_SERVERS[@]}")
 
 log() { printf 'servers.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -99,7 +108,7 @@ log_file() { echo "$LOG_DIR/$1.log"; }
 # signalling a PID from a pid file, so a recycled PID is never signalled.
 comm_of_kind() {
     case "$1" in
-    redis) echo redis-server ;;
+    redis | sentinel) echo redis-server ;;
     etcd) echo etcd ;;
     postgres) echo postgres ;;
     esac
@@ -143,7 +152,7 @@ start_bg() {
 answers() {
     local kind=$1 port=$2
     case "$kind" in
-    redis) [[ "$(redis-cli -h $HOST -p "$port" ping 2>/dev/null)" == PONG ]] ;;
+    redis | sentinel) [[ "$(redis-cli -h $HOST -p "$port" ping 2>/dev/null)" == PONG ]] ;;
     etcd) ETCDCTL_API=3 etcdctl --endpoints="http://$HOST:$port" --dial-timeout=1s \
         --command-timeout=2s endpoint health >/dev/null 2>&1 ;;
     postgres) "$PG_BIN/pg_isready" -q -h $HOST -p "$port" -U postgres -d postgres -t 2 ;;
@@ -212,7 +221,10 @@ stop_all() {
         fi
         sleep 0.1
     done
-    rm -f "$PID_DIR"/*.pid 2>/dev/null || true
+    for entry in "${SERVERS[@]}"; do
+        read -r name port kind <<<"$entry"
+        rm -f "$(pid_file "$name")"
+    done
 }
 
 # Fails, naming the port and its owner, if any port we need is already
@@ -220,10 +232,13 @@ stop_all() {
 # found belongs to someone else and must not be touched.
 check_ports_free() {
     local port line
-    local -a ports=("$REDIS_PORT" "${REDLOCK_PORTS[@]}" "${CLUSTER_PORTS[@]}"
-        "${ETCD_CLIENT_PORTS[@]}" "${ETCD_PEER_PORTS[@]}" "$PG_PORT")
-    # A cluster node also listens on its port + 10000 (the cluster bus).
-    for port in "${CLUSTER_PORTS[@]}"; do ports+=($((port + 10000))); done
+    local -a ports=("${SENTINEL_REDIS_PORTS[@]}" "${SENTINEL_PORTS[@]}")
+    if [[ "$ONLY" != sentinel ]]; then
+        ports+=("$REDIS_PORT" "${REDLOCK_PORTS[@]}" "${CLUSTER_PORTS[@]}"
+            "${ETCD_CLIENT_PORTS[@]}" "${ETCD_PEER_PORTS[@]}" "$PG_PORT")
+        # A cluster node also listens on its port + 10000 (the cluster bus).
+        for port in "${CLUSTER_PORTS[@]}"; do ports+=($((port + 10000))); done
+    fi
     for port in "${ports[@]}"; do
         line=$(ss -Hltnp "sport = :$port" 2>/dev/null | head -n 1)
         if [[ -n "$line" ]]; then
@@ -274,6 +289,42 @@ start_postgres() {
         -c max_connections=400
 }
 
+# The Sentinel deployment: a master, its replica, three sentinels that watch
+# it (quorum 2). Down after 5 s without an answer: a loaded CI machine must
+# not fail the shared master over by accident.
+start_sentinel_deployment() {
+    local master=${SENTINEL_REDIS_PORTS[0]} i name
+    start_redis sentinel-master "$master"
+    start_redis sentinel-replica "${SENTINEL_REDIS_PORTS[1]}" --replicaof $HOST "$master"
+    for i in "${!SENTINEL_PORTS[@]}"; do
+        name="sentinel-$((i + 1))"
+        mkdir -p "$STATE_DIR/$name"
+        # A sentinel rewrites its config file: one each.
+        printf '%s\n' \
+            "sentinel monitor $SENTINEL_MASTER $HOST $master 2" \
+            "sentinel down-after-milliseconds $SENTINEL_MASTER 5000" \
+            "sentinel failover-timeout $SENTINEL_MASTER 10000" >"$STATE_DIR/$name/sentinel.conf"
+        start_bg "$name" redis-server "$STATE_DIR/$name/sentinel.conf" --sentinel --bind $HOST \
+            --port "${SENTINEL_PORTS[$i]}" --dir "$STATE_DIR/$name" --daemonize no --protected-mode no
+    done
+}
+
+# Before this, a failover has no replica to promote and no quorum to vote.
+sentinel_formed() {
+    local port info
+    redis-cli -h $HOST -p "${SENTINEL_REDIS_PORTS[1]}" info replication 2>/dev/null |
+        grep -q '^master_link_status:up' || return 1
+    for port in "${SENTINEL_PORTS[@]}"; do
+        info=$(redis-cli -h $HOST -p "$port" sentinel master $SENTINEL_MASTER 2>/dev/null | tr -d '\r')
+        [[ "$(grep -x -A1 'num-slaves' <<<"$info" | tail -n 1)" == 1 ]] || return 1
+        [[ "$(grep -x -A1 'num-other-sentinels' <<<"$info" | tail -n 1)" == 2 ]] || return 1
+    done
+}
+
+sentinel_url() {
+    echo "LOCKKIT_REDIS_SENTINEL_URL=redis+sentinel://$(join_hostports "${SENTINEL_PORTS[@]}")/$SENTINEL_MASTER"
+}
+
 cluster_ok() {
     local port
     for port in "${CLUSTER_PORTS[@]}"; do
@@ -296,8 +347,39 @@ LOCKKIT_REDLOCK_URL=redlock://$(join_hostports "${REDLOCK_PORTS[@]}")
 LOCKKIT_REDIS_CLUSTER_URL=redis+cluster://$(join_hostports "${CLUSTER_PORTS[@]}")
 LOCKKIT_ETCD_URL=etcd://$(join_hostports "${ETCD_CLIENT_PORTS[@]}")
 LOCKKIT_POSTGRES_URL=postgres://postgres@$HOST:$PG_PORT/lockkit
+$(sentinel_url)
 EOF
     mv "$tmp" "$URLS_ENV"
+}
+
+# `up sentinel`: the other servers' URLs stay as they are.
+add_sentinel_url() {
+    local tmp="$URLS_ENV.tmp"
+    { grep -v '^LOCKKIT_REDIS_SENTINEL_URL=' "$URLS_ENV" 2>/dev/null || true; sentinel_url; } >"$tmp"
+    mv "$tmp" "$URLS_ENV"
+}
+
+# `up sentinel`: (re)starts only the Sentinel deployment.
+cmd_up_sentinel() {
+    install_missing
+    stop_all
+    check_ports_free
+    local entry name port kind
+    for entry in "${SERVERS[@]}"; do
+        read -r name port kind <<<"$entry"
+        rm -rf "${STATE_DIR:?}/$name"
+    done
+    mkdir -p "$PID_DIR" "$LOG_DIR"
+    trap 'log "up failed, stopping what it started"; stop_all' EXIT
+    start_sentinel_deployment
+    for entry in "${SERVERS[@]}"; do
+        read -r name port kind <<<"$entry"
+        wait_until "$name" "answering on port $port" answers "$kind" "$port"
+    done
+    wait_until sentinel-1 "watching a replica with two other sentinels" sentinel_formed
+    add_sentinel_url
+    trap - EXIT
+    log "the Sentinel deployment is up; $(sentinel_url)"
 }
 
 join_hostports() {
@@ -335,6 +417,7 @@ cmd_up() {
     for i in "${!ETCD_PEER_PORTS[@]}"; do cluster+="${cluster:+,}etcd-$((i + 1))=http://$HOST:${ETCD_PEER_PORTS[$i]}"; done
     for i in "${!ETCD_CLIENT_PORTS[@]}"; do start_etcd "$i" "$token" "$cluster"; done
     start_postgres
+    start_sentinel_deployment
 
     local entry name kind
     for entry in "${SERVERS[@]}"; do
@@ -351,6 +434,7 @@ cmd_up() {
         { tail -n 30 "$(log_file cluster-create)" >&2; die "redis-cli --cluster create failed"; }
     wait_until cluster-1 "in cluster_state:ok on all nodes" cluster_ok
     wait_until etcd-1 "healthy on all members" etcd_healthy
+    wait_until sentinel-1 "watching a replica with two other sentinels" sentinel_formed
 
     "$PG_BIN/psql" -q -h $HOST -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 \
         -c 'CREATE DATABASE lockkit' >/dev/null
@@ -391,14 +475,23 @@ cmd_status() {
     return $all_up
 }
 
+# `up sentinel` / `down sentinel`: only the Sentinel deployment.
+ONLY=""
+if [[ "${2-}" == sentinel ]]; then
+    ONLY=sentinel
+    SERVERS=("${SENTINEL_SERVERS[@]}")
+elif [[ -n "${2-}" ]]; then
+    die "unknown subset '$2'; the one subset is 'sentinel'"
+fi
+
 case "${1-}" in
 install) install_missing ;;
-up) cmd_up ;;
+up) if [[ "$ONLY" == sentinel ]]; then cmd_up_sentinel; else cmd_up; fi ;;
 down) cmd_down ;;
 env) cmd_env ;;
 status) cmd_status ;;
 *)
-    echo "usage: $0 install|up|down|env|status" >&2
+    echo "usage: $0 install|up|down|env|status [sentinel]" >&2
     exit 2
     ;;
 esac

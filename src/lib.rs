@@ -71,6 +71,8 @@ const SCHEMES: &[(&str, &str, bool)] = &[
     ("rediss", "redis", cfg!(feature = "redis")),
     ("redis+cluster", "redis", cfg!(feature = "redis")),
     ("rediss+cluster", "redis", cfg!(feature = "redis")),
+    ("redis+sentinel", "redis", cfg!(feature = "redis")),
+    ("rediss+sentinel", "redis", cfg!(feature = "redis")),
     ("redlock", "redlock", cfg!(feature = "redlock")),
     ("etcd", "etcd", cfg!(feature = "etcd")),
     ("postgres", "postgres", cfg!(feature = "postgres")),
@@ -92,6 +94,7 @@ pub fn available_schemes() -> Vec<&'static str> {
 /// |---|---|---|
 /// | `memory://` | in-process ([`MemoryBackend`]); each call makes a new, empty lock space | always |
 /// | `redis://host:6379/0`, `redis+cluster://h1,h2,h3` | one Redis server, or a Redis Cluster (`lock_redis`); `rediss://`, `rediss+cluster://` over TLS with the `tls` feature | `redis` |
+/// | `redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster` | the master that Redis Sentinel names, followed across failovers (`lock_redis::SentinelBackend`); `rediss+sentinel://` over TLS | `redis` |
 /// | `etcd://h1:2379,h2:2379,h3:2379` | etcd leases and transactions, revision fencing, FIFO waiting by watch | `etcd` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | Redlock over N independent Redis masters (`lock_redlock`) | `redlock` |
 /// | `postgres://user@host/db`, `postgresql://` | a row lock held in an open PostgreSQL transaction (`lock_postgres`) | `postgres` |
@@ -115,6 +118,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
         Backend::Memory => Locker::new(MemoryBackend::new()),
         #[cfg(feature = "redis")]
         Backend::Redis => Locker::new(lock_redis::RedisBackend::connect(url).await?),
+        #[cfg(feature = "redis")]
+        Backend::RedisSentinel => Locker::new(lock_redis::SentinelBackend::connect(url).await?),
         #[cfg(feature = "etcd")]
         Backend::Etcd => Locker::new(lock_etcd::EtcdBackend::connect(url).await?),
         #[cfg(feature = "redlock")]
@@ -133,6 +138,8 @@ pub fn check_url(url: &str) -> Result<()> {
         Backend::Memory => Ok(()),
         #[cfg(feature = "redis")]
         Backend::Redis => lock_redis::RedisBackend::check_url(url),
+        #[cfg(feature = "redis")]
+        Backend::RedisSentinel => lock_redis::RedisBackend::check_url(url),
         #[cfg(feature = "etcd")]
         Backend::Etcd => lock_etcd::EtcdBackend::check_url(url),
         #[cfg(feature = "redlock")]
@@ -147,6 +154,8 @@ pub(crate) enum Backend {
     Memory,
     #[cfg(feature = "redis")]
     Redis,
+    #[cfg(feature = "redis")]
+    RedisSentinel,
     #[cfg(feature = "etcd")]
     Etcd,
     #[cfg(feature = "redlock")]
@@ -180,6 +189,8 @@ pub(crate) fn backend_of(url: &str) -> Result<Backend> {
         "memory" => Ok(Backend::Memory),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Backend::Redis),
+        #[cfg(feature = "redis")]
+        "redis+sentinel" | "rediss+sentinel" => Ok(Backend::RedisSentinel),
         #[cfg(feature = "etcd")]
         "etcd" => Ok(Backend::Etcd),
         #[cfg(feature = "redlock")]
@@ -245,7 +256,7 @@ mod tests {
         #[allow(unused_mut)]
         let mut schemes: Vec<&str> = Vec::new();
         #[cfg(feature = "redis")]
-        schemes.extend(["redis", "redis+cluster"]);
+        schemes.extend(["redis", "redis+cluster", "redis+sentinel"]);
         #[cfg(feature = "etcd")]
         schemes.push("etcd");
         #[cfg(feature = "redlock")]
@@ -287,7 +298,7 @@ mod tests {
     async fn a_password_without_its_host_never_shows_in_errors() {
         let mut schemes = vec!["memory"];
         #[cfg(feature = "redis")]
-        schemes.extend(["redis", "rediss", "redis+cluster"]);
+        schemes.extend(["redis", "rediss", "redis+cluster", "redis+sentinel"]);
         #[cfg(feature = "etcd")]
         schemes.push("etcd");
         #[cfg(feature = "redlock")]

@@ -257,6 +257,7 @@ async fn no_backend_traces_a_secret() {
     for (name, var, options) in [
         ("redis", "LOCKKIT_REDIS_URL", ""),
         ("redis-cluster", "LOCKKIT_REDIS_CLUSTER_URL", ""),
+        ("redis-sentinel", "LOCKKIT_REDIS_SENTINEL_URL", ""),
         ("redlock", "LOCKKIT_REDLOCK_URL", "?node_timeout_ms=500"),
         ("etcd", "LOCKKIT_ETCD_URL", ""),
     ] {

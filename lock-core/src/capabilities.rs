@@ -237,6 +237,12 @@ pub enum Assumption {
     /// lock keys carry a TTL) a full server may delete a held lock's key,
     /// and the next contender is granted while its holder still holds it.
     ServerEvictsNoLockKeys,
+    /// A failover promotes only a replica that had received every grant.
+    /// Redis replicates asynchronously: a grant the promoted replica never
+    /// got is gone, and the key is granted to a second client while its
+    /// first holder still holds it. Waiting for replicas (`WAIT`) narrows
+    /// the window but is not consensus.
+    ReplicationCaughtUp,
 }
 
 impl Assumption {
@@ -279,6 +285,9 @@ impl fmt::Display for Assumption {
             }
             Assumption::ServerEvictsNoLockKeys => {
                 "the server evicts no lock keys (maxmemory-policy noeviction, or no maxmemory)"
+            }
+            Assumption::ReplicationCaughtUp => {
+                "a failover promotes only a replica that had received every grant (Redis replication is asynchronous)"
             }
         })
     }

@@ -40,8 +40,12 @@ pub fn map_error(backend: &'static str, endpoint: &str, err: RedisError) -> Erro
                         | ServerErrorKind::ClusterDown
                         | ServerErrorKind::TryAgain
                         | ServerErrorKind::MasterDown
+                        // A replica refuses writes: a failover moved the
+                        // master away, and nothing was written here.
+                        | ServerErrorKind::ReadOnly
                 )
-        );
+        )
+        || code == "READONLY";
     if unavailable {
         return Error::Unavailable {
             backend,

@@ -836,6 +836,26 @@ pub async fn acquire<C: ConnectionLike>(
     acquire_by(conn, &TokenRule::ClockFloor, keys, owner, operation).await
 }
 
+/// Like [`acquire`], with the tokens taken by `rule` (as a batcher with
+/// that rule takes them, so that grants sent either way share one order).
+pub async fn acquire_with_rule<C: ConnectionLike>(
+    conn: &mut C,
+    rule: &TokenRule,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    ttl: Duration,
+    others_wait: bool,
+) -> RedisResult<AcquireReply> {
+    acquire_by(
+        conn,
+        rule,
+        keys,
+        owner,
+        Operation::acquire(ttl, others_wait),
+    )
+    .await
+}
+
 /// Like [`acquire`], except that a counter that exists is only incremented,
 /// never moved up to the server's clock (a missing one is still seeded from
 /// it). For quorum fencing: nodes whose counters were written back to the

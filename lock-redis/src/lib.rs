@@ -3,6 +3,8 @@
 mod connection;
 mod eviction;
 mod line;
+mod replicas;
+mod sentinel;
 mod view;
 mod wake;
 
@@ -31,8 +33,19 @@ pub use lock_core::LockReport;
 ///
 /// `redis://` one server; `rediss://` one server over TLS (with the `tls`
 /// cargo feature; refused, naming it, without); `redis+cluster://h1,h2,...`
-/// a Redis Cluster by its seed nodes; `rediss+cluster://` one over TLS.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster", "rediss+cluster"];
+/// a Redis Cluster by its seed nodes; `rediss+cluster://` one over TLS;
+/// `redis+sentinel://s1,s2,s3/mymaster` the master that Redis Sentinel
+/// names (see [`SentinelBackend`]); `rediss+sentinel://` over TLS.
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+];
+
+pub use crate::sentinel::SentinelBackend;
 
 /// Settings of a [`RedisBackend`]: what the URL says, adjustable in code.
 #[derive(Debug, Clone)]
@@ -40,25 +53,33 @@ pub struct RedisOptions {
     settings: RedisSettings,
     cluster: bool,
     waiter_lease: Duration,
+    /// The master's name, for a Sentinel URL (its path).
+    sentinel: Option<String>,
+    min_replicas: u32,
 }
 
 /// The URL option for [`RedisOptions::with_waiter_lease`].
 const WAITER_LEASE: &str = "waiter_lease_ms";
+/// The URL option for [`RedisOptions::with_min_replicas`].
+const MIN_REPLICAS: &str = "min_replicas";
 
 impl RedisOptions {
-    /// Reads a `redis://`, `rediss://`, `redis+cluster://` or
-    /// `rediss+cluster://` URL (see the crate docs for its options).
+    /// Reads a `redis://`, `rediss://`, `redis+cluster://`,
+    /// `rediss+cluster://`, `redis+sentinel://` or `rediss+sentinel://` URL
+    /// (see the crate docs for its options).
     pub fn from_url(url: &str) -> Result<Self> {
         lock_core::url::hide_if_ambiguous(url, Self::read_url(url))
     }
 
     fn read_url(url: &str) -> Result<Self> {
-        let parsed = ServerUrl::parse(url)?;
-        let (tls, cluster) = match parsed.scheme.as_str() {
-            "redis" => (false, false),
-            "rediss" => (true, false),
-            "redis+cluster" => (false, true),
-            "rediss+cluster" => (true, true),
+        let mut parsed = ServerUrl::parse(url)?;
+        let (tls, cluster, sentinel) = match parsed.scheme.as_str() {
+            "redis" => (false, false, false),
+            "rediss" => (true, false, false),
+            "redis+cluster" => (false, true, false),
+            "rediss+cluster" => (true, true, false),
+            "redis+sentinel" => (false, false, true),
+            "rediss+sentinel" => (true, false, true),
             other => {
                 return Err(Error::invalid(
                     "url",
@@ -69,12 +90,36 @@ impl RedisOptions {
                 ));
             }
         };
-        let settings = RedisSettings::from_url(&parsed, tls, &[RESPONSE_TIMEOUT, WAITER_LEASE])?;
+        // A Sentinel URL's path is the master's name, not a database.
+        let sentinel = match sentinel {
+            true => {
+                let path = std::mem::take(&mut parsed.path);
+                Some(sentinel::master_name(&parsed, path)?)
+            }
+            false => None,
+        };
+        let settings = RedisSettings::from_url(
+            &parsed,
+            tls,
+            &[RESPONSE_TIMEOUT, WAITER_LEASE, MIN_REPLICAS],
+        )?;
+        let min_replicas = match parsed.param(MIN_REPLICAS) {
+            Some(n) => replicas::parse_min(n)?,
+            None => 0,
+        };
+        if cluster && min_replicas > 0 {
+            return Err(Error::invalid(
+                MIN_REPLICAS,
+                format!(
+                    "{parsed}: waiting for replicas is offered on redis:// and redis+sentinel://, not on a cluster"
+                ),
+            ));
+        }
         let waiter_lease = match parsed.millis_param(WAITER_LEASE)? {
             Some(lease) => lock_core::raw::waiter_lease(lease)?,
             None => DEFAULT_WAITER_LEASE,
         };
-        if !cluster && settings.servers.len() > 1 {
+        if !cluster && sentinel.is_none() && settings.servers.len() > 1 {
             return Err(Error::invalid(
                 "url",
                 format!(
@@ -93,7 +138,21 @@ impl RedisOptions {
             settings,
             cluster,
             waiter_lease,
+            sentinel,
+            min_replicas,
         })
+    }
+
+    /// Counts a grant (and an extension) only once `WAIT` says that at
+    /// least `n` replicas have it (URL option `min_replicas`, default 0:
+    /// no waiting). When fewer acknowledge it within half the response
+    /// timeout, the grant is given back and the attempt fails with
+    /// [`Error::Unavailable`] naming how many did. Not offered on a
+    /// cluster (refused when connecting). `WAIT` is not consensus: see the
+    /// guide's operations page for what it still does not protect.
+    pub fn with_min_replicas(mut self, n: u32) -> Self {
+        self.min_replicas = n;
+        self
     }
 
     /// How long a waiter's place in line lasts without a refresh (URL
@@ -132,8 +191,11 @@ pub struct RedisBackend {
 struct Inner {
     conn: Conn,
     /// Acquires and releases to a single server, coalesced; `None` on a
-    /// cluster, whose keys of one call must share a hash slot.
+    /// cluster, whose keys of one call must share a hash slot, and when
+    /// waiting for replicas (`WAIT` must follow each grant on its connection).
     batcher: Option<Batcher>,
+    /// `min_replicas`: how many replicas must have a grant before it counts.
+    wait: Option<replicas::Wait>,
     settings: RedisSettings,
     cluster: bool,
     /// This client's places in the locks' waiting lines, kept.
@@ -181,19 +243,54 @@ impl RedisBackend {
 
     /// Connects with explicit options.
     pub async fn connect_with(options: RedisOptions) -> Result<RedisBackend> {
+        if options.sentinel.is_some() {
+            return Err(Error::invalid(
+                "url",
+                format!(
+                    "{}: a Sentinel URL is served by SentinelBackend (or lockkit::connect), which follows failovers",
+                    options.settings.url
+                ),
+            ));
+        }
+        let backend = if options.cluster {
+            "redis-cluster"
+        } else {
+            "redis"
+        };
+        Self::connect_named(options, backend).await
+    }
+
+    /// Connects to the one server or cluster of `options`, naming the
+    /// backend `backend` in errors and capabilities.
+    pub(crate) async fn connect_named(
+        options: RedisOptions,
+        backend: &'static str,
+    ) -> Result<RedisBackend> {
         let RedisOptions {
             settings,
             cluster,
             waiter_lease,
+            sentinel: _,
+            min_replicas,
         } = options;
-        let backend = if cluster { "redis-cluster" } else { "redis" };
+        if cluster && min_replicas > 0 {
+            return Err(Error::invalid(
+                MIN_REPLICAS,
+                format!(
+                    "{}: waiting for replicas is offered on redis:// and redis+sentinel://, not on a cluster",
+                    settings.url
+                ),
+            ));
+        }
         let conn = Conn::open(backend, &settings, cluster).await?;
         let endpoint = if cluster {
             settings.url.clone()
         } else {
             settings.endpoints[0].clone()
         };
+        let wait = replicas::Wait::new(min_replicas, settings.timeouts.response);
         let batcher = match &conn {
+            Conn::Single(_) if wait.is_some() => None,
             Conn::Single(c) => {
                 Some(connection::open_batcher(backend, &endpoint, &settings, c).await?)
             }
@@ -214,6 +311,7 @@ impl RedisBackend {
         let inner = Inner {
             lines: Lines::new(conn.clone(), waiter_lease, backend, &endpoint),
             batcher,
+            wait,
             wakeups: Wakeups::new(&settings),
             capabilities,
             endpoint,
@@ -332,11 +430,43 @@ impl RedisBackend {
             }
             None => {
                 let give_back = GiveBack::armed(|| self.give_back_by_conn(&keys, owner));
-                let conn = &mut self.inner.conn.clone();
-                let reply = scripts::acquire(conn, &keys, owner, ttl, others_wait).await;
+                let reply = self.acquire_by_conn(&keys, owner, ttl, others_wait).await;
                 // As on one server: an error gives the acquire back too.
                 give_back.disarm_if_answered(&reply);
                 reply
+            }
+        }
+    }
+
+    /// One acquire on the shared connection, confirmed by `WAIT` when
+    /// replicas are to have it.
+    async fn acquire_by_conn(
+        &self,
+        keys: &LockKeys,
+        owner: &OwnerToken,
+        ttl: Duration,
+        others_wait: bool,
+    ) -> redis::RedisResult<AcquireReply> {
+        let inner = &self.inner;
+        let conn = inner.conn.clone();
+        match inner.wait {
+            Some(wait) => {
+                let mut conn = replicas::Replicated::new(conn, wait);
+                let reply = scripts::acquire_with_rule(
+                    &mut conn,
+                    &inner.rule,
+                    keys,
+                    owner,
+                    ttl,
+                    others_wait,
+                )
+                .await;
+                conn.confirm(reply, |r| matches!(r, AcquireReply::Granted(_)))
+            }
+            None => {
+                let mut conn = conn;
+                scripts::acquire_with_rule(&mut conn, &inner.rule, keys, owner, ttl, others_wait)
+                    .await
             }
         }
     }
@@ -438,16 +568,34 @@ impl LockBackend for RedisBackend {
         // Sent on the shared connection, not the batcher: a dropped attempt
         // is given back behind it on that connection (see `give_back_by_conn`).
         let give_back = GiveBack::armed(|| self.give_back_by_conn(&keys, owner));
-        let reply = scripts::acquire_in_line(
-            &mut inner.conn.clone(),
-            &inner.rule,
-            &keys,
-            owner,
-            &entry,
-            ttl,
-            inner.lines.lease(),
-        )
-        .await;
+        let reply = match inner.wait {
+            Some(wait) => {
+                let mut conn = replicas::Replicated::new(inner.conn.clone(), wait);
+                let reply = scripts::acquire_in_line(
+                    &mut conn,
+                    &inner.rule,
+                    &keys,
+                    owner,
+                    &entry,
+                    ttl,
+                    inner.lines.lease(),
+                )
+                .await;
+                conn.confirm(reply, |r| matches!(r, AcquireReply::Granted(_)))
+            }
+            None => {
+                scripts::acquire_in_line(
+                    &mut inner.conn.clone(),
+                    &inner.rule,
+                    &keys,
+                    owner,
+                    &entry,
+                    ttl,
+                    inner.lines.lease(),
+                )
+                .await
+            }
+        };
         give_back.disarm_if_answered(&reply);
         match reply.map_err(|e| {
             // It may be in line: kept until the wait ends.
@@ -507,9 +655,15 @@ impl LockBackend for RedisBackend {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
-        let extended = scripts::extend(&mut self.inner.conn.clone(), &keys, lease.owner(), ttl)
-            .await
-            .map_err(|e| self.error(e))?;
+        let extended = match self.inner.wait {
+            Some(wait) => {
+                let mut conn = replicas::Replicated::new(self.inner.conn.clone(), wait);
+                let extended = scripts::extend(&mut conn, &keys, lease.owner(), ttl).await;
+                conn.confirm(extended, |extended| *extended)
+            }
+            None => scripts::extend(&mut self.inner.conn.clone(), &keys, lease.owner(), ttl).await,
+        }
+        .map_err(|e| self.error(e))?;
         if extended {
             Ok(())
         } else {

@@ -42,6 +42,9 @@ async fn connect(url: &str) -> lock_core::Result<std::sync::Arc<DynBackend>> {
         "redlock" | "redlocks" => {
             std::sync::Arc::new(lock_redlock::RedlockBackend::connect(url).await?)
         }
+        "redis+sentinel" | "rediss+sentinel" => {
+            std::sync::Arc::new(lock_redis::SentinelBackend::connect(url).await?)
+        }
         "etcd" | "etcds" => std::sync::Arc::new(lock_etcd::EtcdBackend::connect(url).await?),
         "postgres" | "postgresql" => {
             std::sync::Arc::new(lock_postgres::PostgresBackend::connect(url).await?)
