@@ -137,3 +137,69 @@ async fn min_replicas_grants_only_what_a_replica_acknowledged() {
         .expect("the refused grant was left held");
     locker.release(lease).await.unwrap();
 }
+
+/// What a failover does to a lock whose grant the replica never received:
+/// the replica's link is cut (paused, and its connection closed by the
+/// master) before client A's grant, the master is killed after it, and
+/// the sentinels promote the replica. Returns whether A was granted, and
+/// whether client B was then granted the same key while A's lease was
+/// still valid (two holders at once).
+async fn failover_after_an_unreplicated_grant(min_replicas: u32) -> (bool, bool) {
+    let deployment = start().await;
+    let options = || {
+        RedisOptions::from_url(&deployment.url())
+            .unwrap()
+            .with_min_replicas(min_replicas)
+            .with_timeouts(lock_redis::Timeouts {
+                connect: Duration::from_secs(3),
+                response: Duration::from_millis(400),
+            })
+            .unwrap()
+    };
+    let a = Locker::new(SentinelBackend::connect_with(options()).await.unwrap());
+    let b = Locker::new(SentinelBackend::connect_with(options()).await.unwrap());
+    let old = deployment.master_port().unwrap();
+    let (master, replica) = (deployment.master().unwrap(), deployment.replica().unwrap());
+    replica.pause().unwrap();
+    master.cli(&["CLIENT", "KILL", "TYPE", "replica"]).unwrap();
+    let held = a.try_acquire("hole/x", TTL).await;
+    master.kill().unwrap();
+    replica.resume().unwrap();
+    let promoted = tokio::task::spawn_blocking(move || {
+        let new = deployment.wait_promoted(old);
+        (deployment, new)
+    });
+    let (deployment, new) = promoted.await.unwrap();
+    new.expect("the sentinels promote the replica");
+    let Ok(held) = held else {
+        return (false, false);
+    };
+    let started = Instant::now();
+    let second = loop {
+        match b.try_acquire("hole/x", TTL).await {
+            Ok(lease) => break Some(lease),
+            Err(e) if e.is_contended() => break None,
+            Err(e) if e.is_unavailable() && started.elapsed() < GRANTS_AGAIN_WITHIN => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("B after the failover: {e}"),
+        }
+    };
+    let overlap = second.is_some() && held.deadline() > Instant::now();
+    drop(deployment);
+    (true, overlap)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_hands_an_unreplicated_grant_to_a_second_client() {
+    let (granted, overlap) = failover_after_an_unreplicated_grant(0).await;
+    assert!(granted, "A was not granted");
+    assert!(overlap, "B was not granted the key A still held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_refuses_the_grant_a_failover_would_hand_on() {
+    let (granted, overlap) = failover_after_an_unreplicated_grant(1).await;
+    assert!(!granted, "A was granted with no replica acknowledging");
+    assert!(!overlap);
+}

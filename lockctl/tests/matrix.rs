@@ -57,7 +57,7 @@ fn cells(line: &str) -> Vec<String> {
 #[test]
 fn the_readme_matrix_matches_the_backends_capabilities() {
     let matrix = readme_matrix();
-    assert_eq!(matrix.len(), 4, "one column per backend with a server");
+    assert_eq!(matrix.len(), 5, "one column per backend with a server");
     assert!(
         matrix
             .iter()

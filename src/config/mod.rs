@@ -551,6 +551,11 @@ mod tests {
             ),
             ("redlock://u:hunter2@h1,h2,h3?colour=red", "colour"),
             ("postgres://u:hunter2@h/db?colour=red", "colour"),
+            (
+                "redis+sentinel://u:hunter2@s1,s2,s3/mymaster?min_replicas=many",
+                "min_replicas",
+            ),
+            ("redis+sentinel://u:hunter2@s1,s2,s3", "name the master"),
         ];
         for (url, want) in cases {
             let text = format!("[profiles.orders]\nurl = \"{url}\"");

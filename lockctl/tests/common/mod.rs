@@ -68,6 +68,7 @@ pub fn unique_key(name: &str) -> String {
 pub fn servers() -> Vec<(&'static str, String)> {
     let candidates = [
         ("redis", "LOCKKIT_REDIS_URL"),
+        ("redis+sentinel", "LOCKKIT_REDIS_SENTINEL_URL"),
         ("redlock", "LOCKKIT_REDLOCK_URL"),
         ("etcd", "LOCKKIT_ETCD_URL"),
         ("postgres", "LOCKKIT_POSTGRES_URL"),
