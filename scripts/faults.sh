@@ -6,7 +6,7 @@
 # writes it to target/lockkit-faults/<run>/ (matrix.md, matrix.json,
 # histories).
 #
-#   scripts/faults.sh --smoke            # 8 cells, under 3 minutes (CI)
+#   scripts/faults.sh --smoke            # 9 cells, under 3 minutes (CI)
 #   scripts/faults.sh [--full]           # every fault on every backend; also
 #                                        # regenerates docs/faults/decision-matrix.md
 #   scripts/faults.sh --full --seed 7    # another reproducible schedule

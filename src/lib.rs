@@ -47,6 +47,12 @@ struct UsingDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/testing.md")]
 struct TestingDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/backends.md")]
+struct BackendsDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/operations.md")]
+struct OperationsDoctests;
 
 pub use lock_core::*;
 

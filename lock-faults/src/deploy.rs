@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use lock_testkit::{EtcdCluster, Postgres, RedisOptions, RedisServer};
+use lock_testkit::{EtcdCluster, Postgres, RedisOptions, RedisSentinel, RedisServer};
 
 use crate::faults::Backend;
 use lock_testkit::{Net, Proxy};
@@ -20,6 +20,9 @@ pub enum Servers {
     Etcd(EtcdCluster),
     /// One PostgreSQL.
     Postgres(Box<Postgres>),
+    /// A Redis Sentinel deployment. Its clients reach the servers the
+    /// sentinels name, with no proxy between.
+    Sentinel(Box<RedisSentinel>),
 }
 
 /// Servers, proxies in front of them, and the URL clients use.
@@ -112,6 +115,9 @@ impl Deployment {
                 ),
                 Backend::Etcd => Servers::Etcd(EtcdCluster::start(3)?),
                 Backend::Postgres => Servers::Postgres(Box::new(Postgres::start()?)),
+                Backend::RedisSentinel | Backend::RedisSentinelWait => {
+                    Servers::Sentinel(Box::new(RedisSentinel::start()?))
+                }
             })
         })
         .await
@@ -120,6 +126,7 @@ impl Deployment {
             Servers::Redis(nodes) => nodes.iter().map(RedisServer::port).collect(),
             Servers::Etcd(cluster) => cluster.members().iter().map(|m| m.client_port()).collect(),
             Servers::Postgres(pg) => vec![pg.port()],
+            Servers::Sentinel(_) => Vec::new(),
         };
         let mut proxies = Vec::new();
         for port in ports {
@@ -129,7 +136,13 @@ impl Deployment {
             .iter()
             .map(|p| format!("127.0.0.1:{}", p.port()))
             .collect();
+        let sentinel_url = match &servers {
+            Servers::Sentinel(s) => s.url(),
+            _ => String::new(),
+        };
         let url = match backend {
+            Backend::RedisSentinel => format!("{sentinel_url}?timeout_ms=1000"),
+            Backend::RedisSentinelWait => format!("{sentinel_url}?timeout_ms=1000&min_replicas=1"),
             Backend::Redis => format!("redis://{}?timeout_ms=1000", hosts[0]),
             Backend::Redlock => format!(
                 "redlock://{}?connect_timeout_ms=1000&node_timeout_ms=200",
@@ -184,6 +197,7 @@ impl Servers {
             Servers::Redis(nodes) => which.iter().try_for_each(|&i| nodes[i].kill()),
             Servers::Etcd(cluster) => which.iter().try_for_each(|&i| cluster.member(i).kill()),
             Servers::Postgres(pg) => pg.kill(),
+            Servers::Sentinel(_) => Err(not_here()),
         }
     }
 
@@ -193,6 +207,7 @@ impl Servers {
             Servers::Redis(nodes) => which.iter().try_for_each(|&i| nodes[i].restart()),
             Servers::Etcd(cluster) => which.iter().try_for_each(|&i| cluster.member(i).restart()),
             Servers::Postgres(pg) => pg.restart(),
+            Servers::Sentinel(_) => Err(not_here()),
         }
     }
 
@@ -202,6 +217,7 @@ impl Servers {
             Servers::Redis(nodes) => which.iter().try_for_each(|&i| nodes[i].pause()),
             Servers::Etcd(cluster) => which.iter().try_for_each(|&i| cluster.member(i).pause()),
             Servers::Postgres(pg) => pg.pause(),
+            Servers::Sentinel(_) => Err(not_here()),
         }
     }
 
@@ -211,6 +227,7 @@ impl Servers {
             Servers::Redis(nodes) => which.iter().try_for_each(|&i| nodes[i].resume()),
             Servers::Etcd(cluster) => which.iter().try_for_each(|&i| cluster.member(i).resume()),
             Servers::Postgres(pg) => pg.resume(),
+            Servers::Sentinel(_) => Err(not_here()),
         }
     }
 
@@ -225,4 +242,9 @@ impl Servers {
             .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| io::Error::other(format!("TIME answered {out:?}")))
     }
+}
+
+/// A Sentinel deployment takes only its own fault (see [`Action::Failover`](crate::faults::Action::Failover)).
+fn not_here() -> io::Error {
+    io::Error::other("a Sentinel deployment's servers are struck by the failover fault only")
 }

@@ -18,15 +18,21 @@ pub enum Backend {
     Etcd,
     /// One PostgreSQL server.
     Postgres,
+    /// Redis Sentinel: a master, a replica, three sentinels.
+    RedisSentinel,
+    /// The same, with `min_replicas=1` (each grant waits for `WAIT 1`).
+    RedisSentinelWait,
 }
 
 impl Backend {
     /// All of them, in matrix column order.
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 6] = [
         Backend::Redis,
         Backend::Redlock,
         Backend::Etcd,
         Backend::Postgres,
+        Backend::RedisSentinel,
+        Backend::RedisSentinelWait,
     ];
 
     /// Column title.
@@ -36,6 +42,8 @@ impl Backend {
             Backend::Redlock => "redlock (5)",
             Backend::Etcd => "etcd (3)",
             Backend::Postgres => "postgres",
+            Backend::RedisSentinel => "redis-sentinel",
+            Backend::RedisSentinelWait => "redis-sentinel-wait (min_replicas=1)",
         }
     }
 }
@@ -108,6 +116,15 @@ pub enum Action {
         /// The leader, or a follower.
         leader: bool,
     },
+    /// Redis Sentinel: cut the replica off (SIGSTOP, and the master closes
+    /// its link), let the next holder be granted by the master alone,
+    /// SIGKILL the master; the sentinels promote the replica
+    /// (`SENTINEL FAILOVER` at once, rather than after their detection
+    /// delay, so that it happens within the holder's TTL). That holder is
+    /// held (SIGSTOP) meanwhile: the workload's critical section (TTL/5)
+    /// is shorter than a failover. The old
+    /// master starts again 1.5 TTL later (the sentinels make it a replica).
+    Failover,
 }
 
 /// A fault of the catalogue.
@@ -253,6 +270,11 @@ pub const FAULTS: &[Fault] = &[
         action: Action::NetBlackhole,
     },
     Fault {
+        id: "failover-unreplicated",
+        what: "replica cut off (SIGSTOPped, its link closed), the next grant made by the master alone, the master SIGKILLed: the sentinels promote the replica (SENTINEL FAILOVER at once); that grant's holder is held (SIGSTOP) until another client is granted or a TTL passes, as a longer critical section would be",
+        action: Action::Failover,
+    },
+    Fault {
         id: "clock-jump",
         what: "server wall clock jumps 5 TTL forward (libfaketime)",
         action: Action::ClockJump { nodes: Nodes::One },
@@ -356,6 +378,13 @@ pub fn predict(backend: Backend, fault: &Fault) -> Option<Prediction> {
             Redlock,
         ) => safe("no majority: unavailable, never doubly granted"),
         (MemberKill { .. }, Etcd) => safe("Raft: the lease and the grant survive on the majority"),
+        (Failover, RedisSentinel) => needs_fencing(
+            false,
+            "replication is asynchronous: the promoted replica never got the grant, and grants the key again; tokens re-seed from its clock",
+        ),
+        (Failover, RedisSentinelWait) => safe(
+            "a grant counts only once WAIT says the replica has it: the cut-off replica acknowledges none, so none is counted",
+        ),
         (NetDelay | NetBlackhole, _) => {
             safe("deadlines count from the send time; slow replies only shorten the validity")
         }
@@ -386,9 +415,10 @@ pub fn duration(action: Action, ttl: Duration) -> Duration {
         Action::HolderKill | Action::ClockJump { .. } => Duration::ZERO,
         Action::ServerRestart { late: true, .. } => ttl * 3 / 2,
         Action::ServerRestart { late: false, .. } => Duration::ZERO,
-        Action::ServerPause { .. } | Action::NetBlackhole | Action::MemberKill { .. } => {
-            ttl * 3 / 2
-        }
+        Action::ServerPause { .. }
+        | Action::NetBlackhole
+        | Action::MemberKill { .. }
+        | Action::Failover => ttl * 3 / 2,
         Action::NetDelay => ttl * 2,
     }
 }
@@ -415,6 +445,7 @@ pub fn schedule(smoke: bool) -> Vec<Cell> {
         ("leader-kill", Backend::Etcd),
         ("holder-kill", Backend::Postgres),
         ("net-blackhole", Backend::Postgres),
+        ("failover-unreplicated", Backend::RedisSentinel),
     ];
     let mut cells = Vec::new();
     for fault in FAULTS {

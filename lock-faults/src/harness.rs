@@ -473,6 +473,7 @@ async fn inject(
             ));
             Ok((at, now_ns()))
         }
+        Action::Failover => failover(d, resource, clients, ttl, lasts, notes).await,
         Action::MemberKill { leader } => {
             let Servers::Etcd(cluster) = &*d.servers else {
                 return Err(io::Error::other("member faults need etcd"));
@@ -495,5 +496,106 @@ async fn inject(
             d.on_servers(move |s| s.restart(&[i])).await?;
             Ok((at, now_ns()))
         }
+    }
+}
+
+/// [`Action::Failover`]: the replica cut off, the next grant made by the
+/// master alone, the master killed, the replica promoted. The holder of
+/// that grant is held (SIGSTOP) until another client is in the middle of
+/// an update or a TTL passes, as a holder with a longer critical section
+/// would still be working: it holds until its deadline.
+async fn failover(
+    d: &Deployment,
+    resource: &Resource,
+    clients: &Clients,
+    ttl: Duration,
+    lasts: Duration,
+    notes: &mut Vec<String>,
+) -> io::Result<(u64, u64)> {
+    let at = now_ns();
+    // Paused, the replica cannot reconnect; the closed link sends it nothing more.
+    let old = d
+        .on_servers(move |s| {
+            let s = sentinel_of(s)?;
+            let old = s.master_port()?;
+            s.replica()?.pause()?;
+            s.master()?.cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+            Ok(old)
+        })
+        .await?;
+    // The holder caught before the cut was replicated: wait for the next one.
+    let until = Instant::now() + ttl * 2;
+    while resource.client_in_rmw().is_some() && Instant::now() < until {
+        sleep(Duration::from_millis(1)).await;
+    }
+    let unreplicated = holder(resource, ttl * 2).await;
+    match unreplicated {
+        Some(c) => {
+            clients.signal(c, Signal::SIGSTOP)?;
+            notes.push(format!(
+                "replica cut off; client {c} then granted by the master alone, and held (SIGSTOP)"
+            ));
+        }
+        None => notes.push("replica cut off; no client granted since (within 2 TTL)".into()),
+    }
+    let new = d
+        .on_servers(move |s| {
+            let s = sentinel_of(s)?;
+            let master = s
+                .servers()
+                .iter()
+                .find(|m| m.port() == old)
+                .expect("the old master");
+            master.kill()?;
+            let replica = s
+                .servers()
+                .iter()
+                .find(|m| m.port() != old)
+                .expect("the replica");
+            replica.resume()?;
+            // Promoted at once, as a sentinel would after its detection
+            // delay (down-after-milliseconds), while the holder still holds.
+            s.start_failover()?;
+            s.wait_promoted(old)
+        })
+        .await?;
+    notes.push(format!(
+        "master {old} killed; the sentinels promoted {new}; the old master restarts after {lasts:?}"
+    ));
+    if let Some(c) = unreplicated {
+        let until = Instant::now() + ttl;
+        while resource.client_in_rmw().is_none_or(|other| other == c) && Instant::now() < until {
+            sleep(Duration::from_millis(1)).await;
+        }
+        clients.signal(c, Signal::SIGCONT)?;
+        match resource.client_in_rmw().filter(|other| *other != c) {
+            Some(other) => notes.push(format!(
+                "client {c} resumed once client {other} was granted by the new master"
+            )),
+            None => notes.push(format!(
+                "client {c} resumed after a TTL; no other client granted by then"
+            )),
+        }
+    }
+    sleep(lasts).await;
+    d.on_servers(move |s| {
+        let s = sentinel_of(s)?;
+        let master = s
+            .servers()
+            .iter()
+            .find(|m| m.port() == old)
+            .expect("the old master");
+        master.restart()
+    })
+    .await?;
+    Ok((at, now_ns()))
+}
+
+fn sentinel_of(s: &Servers) -> io::Result<&lock_testkit::RedisSentinel> {
+    match s {
+        Servers::Sentinel(s) => Ok(s),
+        _ => Err(io::Error::other(
+            "the failover fault needs a Sentinel deployment",
+        )),
     }
 }

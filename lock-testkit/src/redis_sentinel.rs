@@ -137,6 +137,28 @@ impl RedisSentinel {
         self.wait_promoted(old)
     }
 
+    /// Sends `SENTINEL FAILOVER mymaster` until a sentinel takes it (it
+    /// refuses while it finds no replica fit to promote, e.g. one that was
+    /// paused a moment ago), without waiting for the promotion.
+    pub fn start_failover(&self) -> io::Result<()> {
+        let mut last = String::new();
+        let taken = |reply: &str| reply == "OK" || reply.contains("INPROG");
+        self.wait_until("a sentinel starts the failover", |d| {
+            match d.sentinels[0].cli(&["SENTINEL", "FAILOVER", SENTINEL_MASTER]) {
+                Ok(reply) if taken(&reply) => true,
+                Ok(reply) => {
+                    last = reply;
+                    false
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    false
+                }
+            }
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("{e}; last answer: {last}")))
+    }
+
     /// Waits until every sentinel names a master other than port `old`, and
     /// that server says (`ROLE`) it is the master (after a failover that
     /// something else started: a killed master, say). Returns its port.
@@ -159,7 +181,7 @@ impl RedisSentinel {
         self.master_port()
     }
 
-    fn wait_until(&self, what: &str, ready: impl Fn(&Self) -> bool) -> io::Result<()> {
+    fn wait_until(&self, what: &str, mut ready: impl FnMut(&Self) -> bool) -> io::Result<()> {
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         while !ready(self) {
             if Instant::now() >= deadline {
