@@ -294,6 +294,16 @@ pub fn predict(backend: Backend, fault: &Fault) -> Option<Prediction> {
     use Action::*;
     use Backend::*;
     Some(match (fault.action, backend) {
+        // A Sentinel deployment is here for its failover: its clients reach
+        // the servers with no proxy between, and its servers take no other fault.
+        (Failover, RedisSentinel) => needs_fencing(
+            false,
+            "replication is asynchronous: the promoted replica never got the grant, and grants the key again; tokens re-seed from its clock",
+        ),
+        (Failover, RedisSentinelWait) => safe(
+            "a grant counts only once WAIT says the replica has it: the cut-off replica acknowledges none, so none is counted",
+        ),
+        (_, RedisSentinel | RedisSentinelWait) | (Failover, _) => return None,
         (HolderPause, _) => needs_fencing(
             true,
             "a paused holder outlives its lease and writes late (Kleppmann): only a fenced resource refuses it",
@@ -378,13 +388,6 @@ pub fn predict(backend: Backend, fault: &Fault) -> Option<Prediction> {
             Redlock,
         ) => safe("no majority: unavailable, never doubly granted"),
         (MemberKill { .. }, Etcd) => safe("Raft: the lease and the grant survive on the majority"),
-        (Failover, RedisSentinel) => needs_fencing(
-            false,
-            "replication is asynchronous: the promoted replica never got the grant, and grants the key again; tokens re-seed from its clock",
-        ),
-        (Failover, RedisSentinelWait) => safe(
-            "a grant counts only once WAIT says the replica has it: the cut-off replica acknowledges none, so none is counted",
-        ),
         (NetDelay | NetBlackhole, _) => {
             safe("deadlines count from the send time; slow replies only shorten the validity")
         }
@@ -463,4 +466,27 @@ pub fn schedule(smoke: bool) -> Vec<Cell> {
         }
     }
     cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sentinel_deployment_takes_only_the_failover_and_smoke_one_cell_of_it() {
+        let sentinel = |b| matches!(b, Backend::RedisSentinel | Backend::RedisSentinelWait);
+        let full = schedule(false);
+        for cell in &full {
+            assert_eq!(
+                sentinel(cell.backend),
+                cell.fault.action == Action::Failover,
+                "{} × {}",
+                cell.backend,
+                cell.fault.id
+            );
+        }
+        assert_eq!(full.iter().filter(|c| sentinel(c.backend)).count(), 2);
+        let smoke = schedule(true);
+        assert_eq!(smoke.iter().filter(|c| sentinel(c.backend)).count(), 1);
+    }
 }
