@@ -14,8 +14,7 @@ use lock_core::raw::{
 };
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WakeUp,
-    WaitingOrder,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -221,7 +220,9 @@ impl RedlockBackend {
             })
             .await;
         if answers.iter().any(|a| matches!(a, Some(Err(_)))) {
-            tracing::debug!("could not leave the waiting line on every node; the place's lease bounds it");
+            tracing::debug!(
+                "could not leave the waiting line on every node; the place's lease bounds it"
+            );
         }
     }
 
@@ -766,10 +767,7 @@ impl LockBackend for RedlockBackend {
         let entry = &lines.entry(place);
         let lease = lines.lease();
         if lines.hold(keys, entry) {
-            tokio::spawn(line::keep(
-                Arc::downgrade(&self.inner),
-                keys.lock.clone(),
-            ));
+            tokio::spawn(line::keep(Arc::downgrade(&self.inner), keys.lock.clone()));
         }
         let sent = Instant::now();
         // Dropped on its way, the attempt releases what it was granted,
