@@ -101,8 +101,12 @@ pub async fn crowd(
         first_error: None,
     };
     // A holder keeps the key while the crowd gathers, so that every waiter
-    // is in line when the count starts.
-    let holder = match clients[0].try_acquire(key, ttl).await {
+    // is in line when the count starts. The key is new: a wait only rides
+    // out servers still busy with an earlier run's crowd leaving.
+    let holder = match clients[0]
+        .acquire(key, ttl, Wait::at_most(GIVE_UP_AFTER))
+        .await
+    {
         Ok(lease) => lease,
         Err(e) => {
             outcome.errors = 1;

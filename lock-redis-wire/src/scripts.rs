@@ -244,25 +244,31 @@ for i = 1, n do
         redis.call('RPUSH', queue, place)
         return
       end
-      -- Places mostly come in order: the tail is looked at first.
+      -- Places mostly come in order: the tail is looked at first; a place
+      -- that came late is put in by halving (a crowd's places come in
+      -- shuffled, and a walk from the tail would cost a command a step).
       local rank = string.sub(place, 33)
-      local at = -1
-      repeat
-        local other = redis.call('LINDEX', queue, at)
-        if not other then
-          redis.call('LPUSH', queue, place)
-          return
+      local last = redis.call('LINDEX', queue, -1)
+      if not last or string.sub(last, 33) < rank then
+        redis.call('RPUSH', queue, place)
+        return
+      end
+      -- The first place ranked after this one is in [low, high].
+      local low, high = 0, redis.call('LLEN', queue) - 1
+      while low < high do
+        local middle = math.floor((low + high) / 2)
+        if string.sub(redis.call('LINDEX', queue, middle), 33) < rank then
+          low = middle + 1
+        else
+          high = middle
         end
-        if string.sub(other, 33) < rank then
-          redis.call('LINSERT', queue, 'AFTER', other, place)
-          return
-        end
-        at = at - 1
-      until false
+      end
+      redis.call('LINSERT', queue, 'BEFORE', redis.call('LINDEX', queue, low), place)
     end
   end
-  -- Set to a lock whose turn is to be handed to its line's next waiter.
-  local hand
+  -- Set to a lock whose turn is to be handed to its line's next waiter,
+  -- and to a place not to wake if the turn is its own (it knows).
+  local hand, quiet
   if op == 114 then
     -- r: release. A grant's value is the owner token, followed by '+' once
     -- someone is known to wait; only then is the release published, with
@@ -314,7 +320,8 @@ for i = 1, n do
     -- keeps its place: ARGV its owner token, its place, its session's
     -- lease in ms. The place goes back in order of its stamp, and the turn
     -- to the line's head: another waiter ahead of it (a split between
-    -- nodes is settled by the stamps), or itself again.
+    -- nodes is settled by the stamps), which is woken, or itself again,
+    -- which is not (the other nodes wake it as they hand it the turn).
     local owner, place, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
     local ok, e = pcall(function()
       local value = redis.call('GET', lock)
@@ -337,7 +344,7 @@ for i = 1, n do
       out[i] = error_text(e)
     else
       out[i] = e and 1 or 0
-      if e then hand = lock end
+      if e then hand, quiet = lock, place end
     end
     k, a = k + 1, a + 3
   elseif op == 107 then
@@ -537,7 +544,9 @@ for i = 1, n do
         local expiry = tonumber(redis.call('HGET', leases, string.sub(head, 1, 32)))
         if expiry and expiry > now_ms then
           redis.call('SET', hand, '~' .. head, 'PX', expiry - now_ms)
-          redis.call('PUBLISH', hand .. ':released', head)
+          if head ~= quiet then
+            redis.call('PUBLISH', hand .. ':released', head)
+          end
           return
         end
         redis.call('LPOP', queue)

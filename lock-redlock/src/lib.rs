@@ -457,7 +457,7 @@ fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec
 /// timeout on nodes that answer in time. (Places are ordered by their
 /// clients' clocks: on several hosts, their disagreement adds to it.)
 fn arrival_window(node_timeout: Duration) -> Duration {
-    node_timeout * 3
+    node_timeout.saturating_mul(3)
 }
 
 /// Whether a node's answer is a grant whose token is below `top`.
@@ -802,6 +802,9 @@ impl LockBackend for RedlockBackend {
                 .collect(),
         );
         let granted = |i: usize| matches!(tally.replies()[i], Reply::Done(_));
+        // Any node that did not refuse may hold our grant, even one that
+        // seemed to fail: its attempt may run after its answer timed out.
+        let ours = |i: usize| !matches!(tally.replies()[i], Reply::Refused { .. });
         if tally.has_quorum() {
             let elapsed = sent.elapsed();
             let fenced = match validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)) {
@@ -825,25 +828,26 @@ impl LockBackend for RedlockBackend {
                     Ok(Grant::new(token).sent_at(sent))
                 }
                 Err(e) => {
-                    self.give_back_on(keys, owner, entry, granted).await;
+                    self.give_back_on(keys, owner, entry, ours).await;
                     Err(e)
                 }
             };
         }
         give_back.disarm();
-        if (0..tally.nodes()).any(granted) {
-            self.give_back_on(keys, owner, entry, granted).await;
+        if (0..tally.nodes()).any(ours) {
+            self.give_back_on(keys, owner, entry, ours).await;
         }
-        if tally.refused_by_majority_of_possible() {
-            return Err(Error::Contended {
-                key: key.to_string(),
-                remaining: tally.free_in(),
-            });
-        }
-        Err(unavailable(
-            &self.inner.url,
-            tally.to_error("acquire in line", &self.inner.endpoints),
-        ))
+        // No majority, refused or not heard from in time: the waiter waits
+        // for its turn in line, as under contention (woken by a node handing
+        // it the turn, or by its client's renewal of its places), rather
+        // than asking again at once. Under a crowd, answers that come late
+        // would otherwise bring every waiter back at once, which makes the
+        // answers later still.
+        tracing::debug!(error = %tally.to_error("acquire in line", &self.inner.endpoints), "waiting in line");
+        Err(Error::Contended {
+            key: key.to_string(),
+            remaining: tally.free_in(),
+        })
     }
 
     async fn on_turn(&self, key: &LockKey, place: &Place) -> Option<WakeUpFuture> {
