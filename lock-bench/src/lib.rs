@@ -2,6 +2,7 @@
 
 mod baseline;
 mod counters;
+mod crowd;
 mod etcd_handoff;
 mod fan_out;
 mod instructions;
@@ -24,6 +25,7 @@ use serde::Serialize;
 
 pub use baseline::{Bound, BoundPoint};
 pub use counters::redis_command_calls;
+pub use crowd::Crowd;
 pub use instructions::{InstructionPoint, ServerInstructions};
 pub use paired::{ClientRuntime, Metric, Paired};
 pub use report::{Goal, Machine, Report, Subject};
@@ -68,6 +70,9 @@ pub struct Options {
     pub rounds: Option<usize>,
     /// Each paired round's length, instead of the mode's.
     pub round: Option<Duration>,
+    /// Only the crowd scenario (many waiters on one key over several
+    /// clients), for each backend chosen: a minute or two.
+    pub crowd_only: bool,
 }
 
 /// Everything the lab can measure: name and the environment variable with
@@ -111,6 +116,10 @@ struct Plan {
     /// the operations per round trip it is counted at.
     instruction_pairs: usize,
     instruction_depths: &'static [usize],
+    /// Waiters in the crowd scenario (the first and the last are compared),
+    /// and the handoffs measured at each.
+    crowd_waiters: &'static [usize],
+    crowd_handoffs: u64,
 }
 
 impl Plan {
@@ -131,6 +140,8 @@ impl Plan {
                 paired_phase: Duration::from_millis(400),
                 instruction_pairs: 256,
                 instruction_depths: &[16],
+                crowd_waiters: &[4, 100],
+                crowd_handoffs: 100,
             },
             Mode::Full => Plan {
                 tasks: &[1, 4, 16, 64, 256],
@@ -147,10 +158,26 @@ impl Plan {
                 paired_phase: Duration::from_secs(1),
                 instruction_pairs: 4_096,
                 instruction_depths: &[1, 16, 64],
+                crowd_waiters: &[4, 1000],
+                crowd_handoffs: 1000,
             },
         }
     }
 }
+
+/// The lab's own backends (the rest of [`SUBJECTS`] are peers).
+const BACKENDS: &[&str] = &[
+    "memory",
+    "redis",
+    "redis-cluster",
+    "redlock",
+    "etcd",
+    "postgres",
+];
+
+/// The clients a crowd's waiters are spread over: each a `Locker` of its
+/// own, with its own connections, as a process of its own would have.
+const CROWD_CLIENTS: usize = 4;
 
 /// PostgreSQL holds one connection per lock: concurrency above this is not run.
 const PG_MAX_TASKS: usize = 64;
@@ -185,26 +212,41 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let chosen: Vec<_> = SUBJECTS
         .iter()
         .filter(|(n, _)| wanted(n) && !options.paired_only)
+        .filter(|(n, _)| !options.crowd_only || BACKENDS.contains(n))
         .collect();
-    let per_subject = plan.tasks.len() * 2 + plan.waiters.len() + 2;
+    let crowds = |name: &str| plan.crowd_waiters.len() + usize::from(name == "redlock");
+    let per_subject = |name: &str| {
+        if options.crowd_only {
+            1 + crowds(name)
+        } else {
+            plan.tasks.len() * 2 + plan.waiters.len() + 2 + crowds(name)
+        }
+    };
+    let others = !options.crowd_only;
     // Two watch rings per waiter count: plain writes, the lock's transactions.
-    let floors = if wanted("etcd") && !options.paired_only {
+    let floors = if wanted("etcd") && !options.paired_only && others {
         plan.waiters.len() * 2
     } else {
         0
     };
-    let count_instructions = wanted("redis") && !options.paired_only;
+    let count_instructions = wanted("redis") && !options.paired_only && others;
+    let (paired_steps, overhead_steps) = if others {
+        (paired::planned(&wanted), metrics_overhead::planned(&wanted))
+    } else {
+        (0, 0)
+    };
     let progress = Progress::new(
-        chosen.len() * per_subject
+        chosen.iter().map(|(n, _)| per_subject(n)).sum::<usize>()
             + floors
-            + paired::planned(&wanted)
-            + metrics_overhead::planned(&wanted)
+            + paired_steps
+            + overhead_steps
             + usize::from(count_instructions)
             + 2,
     );
     let started = Instant::now();
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let mut report = Report::new(options.mode, report::machine().await);
+    report.crowd_only = options.crowd_only;
     let ticks_before = report::cpu_ticks();
     let mut redis_bound: Option<Bound> = None;
 
@@ -324,6 +366,15 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         let mut s = Subject::new(name, "backend", &backend_url);
         s.wake_up = Some(locker.capabilities().wake_up.to_string());
         s.has_wake_up = locker.capabilities().wake_up != WakeUp::Polling;
+        if options.crowd_only {
+            measure_crowds(
+                &plan, &progress, name, &url, &locker, &counter, &prefix, &mut s,
+            )
+            .await;
+            locker.close_idle().await;
+            report.subjects.push(s);
+            continue;
+        }
         let client = Client::Lockkit(locker.clone());
         let max_tasks = (*name == "postgres").then_some(PG_MAX_TASKS);
         measure_clients(
@@ -396,6 +447,11 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             _ => s.peer = Some("rslock (1 node)".into()),
         }
 
+        measure_crowds(
+            &plan, &progress, name, &url, &locker, &counter, &prefix, &mut s,
+        )
+        .await;
+
         // Many keys held at once.
         let n = if *name == "postgres" {
             plan.pg_many_keys
@@ -441,24 +497,26 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         locker.close_idle().await;
         report.subjects.push(s);
     }
-    report.paired = paired::all(
-        &wanted,
-        plan.paired_rounds,
-        plan.paired_phase,
-        &progress,
-        &format!("lab-{run_id}/paired"),
-    )
-    .await;
-    report.paired.extend(
-        metrics_overhead::all(
+    if others {
+        report.paired = paired::all(
             &wanted,
             plan.paired_rounds,
             plan.paired_phase,
             &progress,
             &format!("lab-{run_id}/paired"),
         )
-        .await,
-    );
+        .await;
+        report.paired.extend(
+            metrics_overhead::all(
+                &wanted,
+                plan.paired_rounds,
+                plan.paired_phase,
+                &progress,
+                &format!("lab-{run_id}/paired"),
+            )
+            .await,
+        );
+    }
     if count_instructions {
         let _step = progress.step("Redis server instructions per pair (callgrind)".into());
         report.server_instructions =
@@ -546,6 +604,80 @@ async fn measure_clients(
         s.contended.push(c);
     }
     close_idle(client).await;
+}
+
+/// The crowd scenario for one backend: at each of the plan's waiter counts
+/// over [`CROWD_CLIENTS`] clients, and for Redlock also over one client at
+/// the most waiters (a goal compares the two). Commands per handoff are
+/// counted on Redis-family servers only: etcd's and PostgreSQL's counters
+/// count other things (messages, transactions) and PostgreSQL's need a
+/// second to be read.
+#[allow(clippy::too_many_arguments)]
+async fn measure_crowds(
+    plan: &Plan,
+    progress: &Arc<Progress>,
+    name: &str,
+    url: &str,
+    first: &Locker,
+    counter: &Counter,
+    prefix: &str,
+    s: &mut Subject,
+) {
+    let mut clients = vec![first.clone()];
+    while clients.len() < CROWD_CLIENTS {
+        // The in-process backend is one lock table: its "clients" share it.
+        let next = match name {
+            "memory" => Ok(first.clone()),
+            _ => connect(name, url).await.map(|(l, _, _)| l),
+        };
+        match next {
+            Ok(l) => clients.push(l),
+            Err(e) => {
+                s.errors
+                    .push(format!("crowd: client {}: {e}", clients.len() + 1));
+                return;
+            }
+        }
+    }
+    let counter = match counter {
+        Counter::Redis(_) => counter,
+        _ => &Counter::None,
+    };
+    let most = plan.crowd_waiters.iter().copied().max().unwrap_or(0);
+    let mut runs: Vec<(usize, usize)> = plan
+        .crowd_waiters
+        .iter()
+        .map(|&w| (w, CROWD_CLIENTS))
+        .collect();
+    if name == "redlock" {
+        runs.push((most, 1));
+    }
+    for (waiters, over) in runs {
+        let step = progress.step(format!(
+            "{name}: crowd, {waiters} waiters over {over} client(s), {} handoffs",
+            plan.crowd_handoffs
+        ));
+        let c = crowd::crowd(
+            &clients[..over],
+            &format!("{prefix}/crowd{waiters}x{over}"),
+            waiters,
+            plan.crowd_handoffs,
+            TTL,
+            counter,
+            step.ops.clone(),
+        )
+        .await;
+        if let Some(e) = &c.first_error {
+            s.errors.push(format!(
+                "crowd {waiters} waiters over {over} clients: {} errors, first: {e}",
+                c.errors
+            ));
+        }
+        s.crowds.push(c);
+    }
+    for client in &clients[1..] {
+        client.close_idle().await;
+    }
 }
 
 /// Gives back what the client keeps idle, so that none of it expires on

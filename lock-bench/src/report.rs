@@ -127,6 +127,8 @@ pub struct Subject {
     pub many_keys: Option<ManyKeys>,
     /// Loss detection.
     pub loss: Option<Loss>,
+    /// Many waiters on one key over several clients.
+    pub crowds: Vec<crate::Crowd>,
     /// Remarks on how its figures were taken.
     pub notes: Vec<String>,
     /// What failed.
@@ -193,6 +195,8 @@ pub struct Report {
     pub server_instructions: Option<crate::ServerInstructions>,
     /// The goals, checked.
     pub goals: Vec<Goal>,
+    /// Only the crowd scenario ran (`--crowd-only`).
+    pub crowd_only: bool,
 }
 
 fn rate(x: f64) -> String {
@@ -256,6 +260,7 @@ impl Report {
             paired: Vec::new(),
             server_instructions: None,
             goals: Vec::new(),
+            crowd_only: false,
         }
     }
 
@@ -265,13 +270,17 @@ impl Report {
     pub fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         for s in &self.subjects {
-            let missing = if s.kind == "peer" {
+            let no_crowd = !s.crowds.is_empty() && s.crowds.iter().any(|c| c.handoffs == 0);
+            let missing = if self.crowd_only {
+                s.crowds.is_empty() || no_crowd
+            } else if s.kind == "peer" {
                 s.uncontended.is_empty() || s.contended.is_empty()
             } else {
                 s.uncontended.is_empty()
                     || s.contended.iter().all(|c| c.grants == 0)
                     || s.many_keys.as_ref().is_none_or(|m| m.held == 0)
                     || s.loss.as_ref().is_none_or(|l| l.samples_ms.is_empty())
+                    || no_crowd
             };
             if missing {
                 out.push(format!("{}: no figures ({})", s.name, s.errors.join("; ")));
@@ -618,6 +627,11 @@ impl Report {
             });
         }
         goals.extend(crate::metrics_overhead::goals(&self.paired));
+        goals.extend(crate::crowd::goals(&self.subjects));
+        if self.crowd_only {
+            // The other goals' figures were not taken.
+            goals.retain(|g| g.goal.contains("crowd"));
+        }
         self.goals = goals;
     }
 
@@ -635,11 +649,16 @@ impl Report {
             m.cpu, m.cpus, m.memory_gib, m.os, m.kernel, m.servers, self.wall_s
         );
         md.push_str(&self.verdicts());
-        md.push_str(&self.uncontended_table(None));
-        md.push_str(&self.contended_table());
-        md.push_str(&self.memory_table());
-        md.push_str(&self.paired_table());
-        md.push_str(&self.instructions_table());
+        if !self.crowd_only {
+            md.push_str(&self.uncontended_table(None));
+            md.push_str(&self.contended_table());
+        }
+        md.push_str(&crate::crowd::table(&self.subjects));
+        if !self.crowd_only {
+            md.push_str(&self.memory_table());
+            md.push_str(&self.paired_table());
+            md.push_str(&self.instructions_table());
+        }
         md.push_str(&self.goals_table());
         md.push_str("## Bounds\n\n| bound | tasks | pairs/s | pipelined pairs/s | acquire/s, release/s |\n|---|---|---|---|---|\n");
         for b in &self.bounds {
@@ -659,6 +678,9 @@ impl Report {
         md.push_str("- **pairs/s**: T tasks, each locking and releasing a key of its own (`try_acquire` + `release`) for the phase; acquire latency is the `try_acquire` call alone.\n");
         md.push_str("- **paired rounds**: the two clients a goal compares, measured in turns (the order alternating) in short uncontended rounds at the same concurrency, each client connected afresh; the ratio of each pair of rounds, and their median, which the goal checks. Figures taken minutes apart on a shared host differ for reasons of the host's own; a pair of rounds a second apart shares them. CPU per pair: the Redis servers' (`INFO cpu`, summed over the nodes both clients use) and this process's (user + system, /proc/self/stat; the client's work and the lab's own timing of each call, the same for both), over each round, divided by its pairs; the median over the rounds. Client runtime: the Tokio runtime both clients run on, the lab's own (the one every other figure is taken on) unless the row says otherwise; Redis against rslock runs a second time on a runtime of one worker thread, since on a machine whose few CPUs the servers share, an idle second worker is woken to steal each burst of woken tasks and parks again, and what that costs a client depends on how its work comes in bursts.\n");
         md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant. Beside it, how long the release calls themselves took, from the call to its return: where a release waits for a commit (etcd, PostgreSQL), a handoff is no shorter than the server's part of it. Before the first and after the last, the backend gives back what it keeps idle (`Locker::close_idle`: etcd's idle leases, PostgreSQL's idle connections), as it does after each backend's runs, so that no idle etcd lease expires on the server during a later measurement.\n");
+        if self.subjects.iter().any(|s| !s.crowds.is_empty()) {
+            let _ = writeln!(md, "- {}", crate::crowd::METHOD);
+        }
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
         if let Some(f) = &self.fan_out_floor {
@@ -724,6 +746,7 @@ impl Report {
         for s in self.subjects.iter().filter(|s| s.kind != "peer") {
             let mut line = format!("- **{}**: ", s.name);
             match s.uncontended.iter().max_by_key(|u| u.tasks) {
+                None if self.crowd_only => line.push_str("crowd only"),
                 None => {
                     let why = s.errors.first().map_or("none", String::as_str);
                     let why: String = why.replace('\n', " ").chars().take(160).collect();
@@ -991,10 +1014,16 @@ impl Report {
         } else {
             1
         };
-        let mut out = self.uncontended_table(Some(t));
-        out.push_str(&self.contended_table());
-        out.push_str(&self.memory_table());
-        out.push_str(&self.paired_table());
+        let mut out = String::new();
+        if !self.crowd_only {
+            out.push_str(&self.uncontended_table(Some(t)));
+            out.push_str(&self.contended_table());
+        }
+        out.push_str(&crate::crowd::table(&self.subjects));
+        if !self.crowd_only {
+            out.push_str(&self.memory_table());
+            out.push_str(&self.paired_table());
+        }
         out.push_str(&self.goals_table());
         out
     }
@@ -1017,7 +1046,7 @@ impl Report {
 /// The backend a goal is about, from the words before its colon:
 /// "Redlock (5 nodes): ..." is redlock's, "PostgreSQL: ..." postgres's,
 /// "Metrics: redis pairs/s ..." redis's.
-fn goal_owner(goal: &str) -> String {
+pub(crate) fn goal_owner(goal: &str) -> String {
     let Some((head, rest)) = goal.split_once(':') else {
         return String::new();
     };

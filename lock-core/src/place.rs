@@ -45,17 +45,35 @@ pub fn waiter_lease(lease: Duration) -> Result<Duration> {
 /// it names a place in line, not a grant, and backends publish it to wake
 /// its waiter.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Place(String);
+pub struct Place {
+    id: String,
+    arrived_us: u64,
+}
 
 impl Place {
-    /// A place of its own for a new wait: 128 random bits, in hex.
+    /// A place of its own for a new wait: 128 random bits, in hex, and the
+    /// wall-clock time it was taken.
     pub fn new() -> Self {
-        Place(crate::OwnerToken::random().to_hex())
+        let arrived_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros().min(u128::from(u64::MAX)) as u64);
+        Place {
+            id: crate::OwnerToken::random().to_hex(),
+            arrived_us,
+        }
     }
 
     /// The place's id, as backends store it (32 hex digits).
     pub fn id(&self) -> &str {
-        &self.0
+        &self.id
+    }
+
+    /// When the wait took its place, in microseconds since the Unix epoch
+    /// on this client's clock: the same for all of the wait's attempts. A
+    /// backend over independent servers (Redlock) orders its waiters by it,
+    /// so that every server puts the same waiters in the same order.
+    pub fn arrived_us(&self) -> u64 {
+        self.arrived_us
     }
 }
 
@@ -67,7 +85,7 @@ impl Default for Place {
 
 impl fmt::Debug for Place {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Place({})", self.0)
+        write!(f, "Place({})", self.id)
     }
 }
 

@@ -69,7 +69,9 @@ use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 ///   ms; `KEYS` as an acquire's;
 /// - a waiter giving up, `g`: `ARGV` its place; `KEYS` lock;
 /// - a client keeping its places, `k`: `ARGV` its session, the lease in ms;
-///   `KEYS` lock.
+///   `KEYS` lock;
+/// - a Redlock waiter giving back a grant that made no majority, `y`:
+///   `ARGV` owner token, its place, its session's lease in ms; `KEYS` lock.
 ///
 /// # The waiting line
 ///
@@ -151,7 +153,7 @@ local shared = rule == 'shared-clock-floor'
 local counter_first = rule == 'counter-first'
 local n = #ops
 -- Checked before any operation runs, so that a malformed call writes nothing.
-if string.find(ops, '[^awAWrqgk]') then
+if string.find(ops, '[^awAWrqgky]') then
   return redis.error_reply('ERR unknown lock operation in ' .. ops)
 end
 
@@ -222,14 +224,51 @@ local function error_text(e)
   return type(e) == 'table' and e.err or tostring(e)
 end
 
+-- Puts a place in a line (made below, where a place may join one).
+local join_line
+
 local out = {}
 local k, a = 1, 4
 if shared then k = 2 end
 for i = 1, n do
   local op = string.byte(ops, i)
   local lock = KEYS[k]
-  -- Set to a lock whose turn is to be handed to its line's next waiter.
-  local hand
+  if (op == 113 or op == 121) and not join_line then
+    -- Puts `place` in the line `queue`: at the tail, or, for a stamped
+    -- place (Redlock's: longer than a session and an id, with its arrival
+    -- stamp after the session), in order of its stamp and id, so that
+    -- independent nodes put the same waiters in the same order whatever
+    -- order their places reached them in.
+    join_line = function(queue, place)
+      if #place <= 64 then
+        redis.call('RPUSH', queue, place)
+        return
+      end
+      -- Places mostly come in order: the tail is looked at first; a place
+      -- that came late is put in by halving (a crowd's places come in
+      -- shuffled, and a walk from the tail would cost a command a step).
+      local rank = string.sub(place, 33)
+      local last = redis.call('LINDEX', queue, -1)
+      if not last or string.sub(last, 33) < rank then
+        redis.call('RPUSH', queue, place)
+        return
+      end
+      -- The first place ranked after this one is in [low, high].
+      local low, high = 0, redis.call('LLEN', queue) - 1
+      while low < high do
+        local middle = math.floor((low + high) / 2)
+        if string.sub(redis.call('LINDEX', queue, middle), 33) < rank then
+          low = middle + 1
+        else
+          high = middle
+        end
+      end
+      redis.call('LINSERT', queue, 'BEFORE', redis.call('LINDEX', queue, low), place)
+    end
+  end
+  -- Set to a lock whose turn is to be handed to its line's next waiter,
+  -- and to a place not to wake if the turn is its own (it knows).
+  local hand, quiet
   if op == 114 then
     -- r: release. A grant's value is the owner token, followed by '+' once
     -- someone is known to wait; only then is the release published, with
@@ -276,6 +315,38 @@ for i = 1, n do
       if turn then hand = lock end
     end
     k, a = k + 1, a + 1
+  elseif op == 121 then
+    -- y: a Redlock waiter gives back a grant that made no majority and
+    -- keeps its place: ARGV its owner token, its place, its session's
+    -- lease in ms. The place goes back in order of its stamp, and the turn
+    -- to the line's head: another waiter ahead of it (a split between
+    -- nodes is settled by the stamps), which is woken, or itself again,
+    -- which is not (the other nodes wake it as they hand it the turn).
+    local owner, place, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+    local ok, e = pcall(function()
+      local value = redis.call('GET', lock)
+      if value ~= owner and value ~= owner .. '+' then return false end
+      redis.call('DEL', lock)
+      local queue, leases = lock .. ':queue', lock .. ':leases'
+      read_clock()
+      redis.call('HSET', leases, string.sub(place, 1, 32), math.floor(now / 1000) + lease)
+      if not redis.call('LPOS', queue, place) then
+        join_line(queue, place)
+      end
+      local keep = lease * 3
+      if redis.call('PTTL', queue) < keep then
+        redis.call('PEXPIRE', queue, keep)
+        redis.call('PEXPIRE', leases, keep)
+      end
+      return true
+    end)
+    if not ok then
+      out[i] = error_text(e)
+    else
+      out[i] = e and 1 or 0
+      if e then hand, quiet = lock, place end
+    end
+    k, a = k + 1, a + 3
   elseif op == 107 then
     -- k: a client keeps its places in the lock's line: ARGV its session,
     -- the lease in ms. Renews the session's lease; hands the turn on when
@@ -369,7 +440,7 @@ for i = 1, n do
         end
         redis.call('HSET', leases, string.sub(place, 1, 32), now_ms + lease)
         if not redis.call('LPOS', queue, place) then
-          redis.call('RPUSH', queue, place)
+          join_line(queue, place)
         end
         -- The line outlives its waiters' leases by a little, never for ever.
         local keep = lease * 3
@@ -473,7 +544,9 @@ for i = 1, n do
         local expiry = tonumber(redis.call('HGET', leases, string.sub(head, 1, 32)))
         if expiry and expiry > now_ms then
           redis.call('SET', hand, '~' .. head, 'PX', expiry - now_ms)
-          redis.call('PUBLISH', hand .. ':released', head)
+          if head ~= quiet then
+            redis.call('PUBLISH', hand .. ':released', head)
+          end
           return
         end
         redis.call('LPOP', queue)
@@ -998,6 +1071,27 @@ pub async fn acquire_in_line<C: ConnectionLike>(
     };
     let reply = run_single(conn, build).await?;
     Ok(AcquireReply::from_reply(reply))
+}
+
+/// Gives back `owner`'s grant of the lock, which made no majority of
+/// Redlock's nodes, keeping the waiter's `place` in line (operation `y` of
+/// [`BATCH_LUA`]): the place goes back in order of its stamp and the turn
+/// to the line's head. Returns false when `owner` held no grant there.
+pub async fn give_back_turn<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &crate::LockKeys,
+    owner: &OwnerToken,
+    place: &str,
+    lease: Duration,
+) -> RedisResult<bool> {
+    let build = |command: &str, script: &str| {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script).arg(1).arg(&keys.lock);
+        cmd.arg(TokenRule::ClockFloor.as_arg()).arg("y").arg(0);
+        cmd.arg(owner.to_hex()).arg(place).arg(millis(lease));
+        cmd
+    };
+    run_single(conn, build).await.map(|given| given == 1)
 }
 
 /// Renews the lease of a client's places in the lock's line and hands a

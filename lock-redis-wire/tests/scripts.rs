@@ -300,3 +300,79 @@ async fn a_call_with_an_unknown_operation_writes_nothing() {
     let value = server.cli(&["EXISTS", &keys.lock]).unwrap();
     assert_eq!(value.trim(), "0", "the acquire before it was granted");
 }
+
+/// Stamped places (Redlock's) stand in order of their stamps whatever
+/// order they joined in, so that independent nodes agree on the order; a
+/// grant given back (`y`) puts its place back in that order and hands the
+/// turn to the line's head, which may be another waiter (a split between
+/// nodes settles on the earliest) or the giver itself.
+#[tokio::test(flavor = "current_thread")]
+async fn stamped_places_stand_in_stamp_order_and_a_given_back_grant_keeps_its_place() {
+    use lock_redis_wire::scripts::{AcquireReply, acquire_in_line, give_back_turn};
+    let server = RedisServer::start().expect("start redis");
+    let mut conn = common::connect(&server).await;
+    let keys = KeyLayout::default().keys("stamped");
+    let rule = TokenRule::CounterFirst;
+    let lease = Duration::from_secs(10);
+    let session = "a".repeat(32);
+    let place =
+        |stamp: u64, id: char| format!("{session}{stamp:016x}{}", id.to_string().repeat(32));
+    let (early, middle, late) = (place(1, 'e'), place(2, 'm'), place(3, 'l'));
+    let holder = OwnerToken::random();
+    let acquire = Operation::acquire(TTL, false);
+    run_batch(&mut conn, &rule, &[(&keys, &holder.to_hex(), acquire)])
+        .await
+        .expect("the holder's grant");
+    // They reach this node out of order: late, early, middle.
+    for p in [&late, &early, &middle] {
+        let owner = OwnerToken::random();
+        let reply = acquire_in_line(&mut conn, &rule, &keys, &owner, p, TTL, lease)
+            .await
+            .expect("join");
+        assert!(matches!(reply, AcquireReply::Contended(_)), "{reply:?}");
+    }
+    let queue = format!("{}:queue", keys.lock);
+    let line = || server.cli(&["LRANGE", &queue, "0", "-1"]).unwrap();
+    assert_eq!(line(), [early.as_str(), &middle, &late].join("\n"));
+
+    // As if `early` had not reached this node yet: the key frees, and
+    // `middle`, at the head, is granted here (its place leaves the line).
+    server.cli(&["LREM", &queue, "0", &early]).unwrap();
+    server.cli(&["DEL", &keys.lock]).unwrap();
+    let owner = OwnerToken::random();
+    let granted = acquire_in_line(&mut conn, &rule, &keys, &owner, &middle, TTL, lease)
+        .await
+        .expect("middle's attempt");
+    assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
+    assert_eq!(line(), late);
+    // `early` arrives; `middle` made no majority elsewhere and gives back.
+    let reply = acquire_in_line(
+        &mut conn,
+        &rule,
+        &keys,
+        &OwnerToken::random(),
+        &early,
+        TTL,
+        lease,
+    )
+    .await
+    .expect("early joins");
+    assert!(matches!(reply, AcquireReply::Contended(_)), "{reply:?}");
+    assert!(
+        give_back_turn(&mut conn, &keys, &owner, &middle, lease)
+            .await
+            .expect("give back")
+    );
+    assert_eq!(line(), [early.as_str(), &middle, &late].join("\n"));
+    assert_eq!(
+        server.cli(&["GET", &keys.lock]).unwrap(),
+        format!("~{early}"),
+        "the turn went to the head, the earliest stamp"
+    );
+    // A grant it does not hold is not given back.
+    assert!(
+        !give_back_turn(&mut conn, &keys, &owner, &middle, lease)
+            .await
+            .expect("give back")
+    );
+}

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+mod line;
 mod nodes;
 mod quorum;
 mod wake;
@@ -8,15 +9,19 @@ mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::raw::{GiveBack, Grant, WakeUpFuture, async_trait};
+use lock_core::raw::{
+    DEFAULT_WAITER_LEASE, GiveBack, Grant, LeaveFuture, Place, WakeUpFuture, async_trait,
+};
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
+    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
 use lock_redis_wire::socket::Dial;
 use lock_redis_wire::{Batcher, Claim, Handout, KeyLayout, RedisSettings, Timeouts, TokenRule};
+
+use line::Lines;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
@@ -47,6 +52,8 @@ struct Inner {
     layout: KeyLayout,
     capabilities: Capabilities,
     wakeups: Wakeups,
+    /// This client's places in the locks' waiting lines, kept.
+    lines: Lines,
 }
 
 impl std::fmt::Debug for RedlockBackend {
@@ -141,6 +148,10 @@ impl RedlockBackend {
             )
             .with_exclusion_resting_on([Assumption::ServerEvictsNoLockKeys])
             .with_wake_up(WakeUp::PubSub)
+            .with_waiting_order(WaitingOrder::Within {
+                within: arrival_window(options.node_timeout),
+                stall: Stall::WaiterLease(DEFAULT_WAITER_LEASE),
+            })
             .with_tolerated_server_failures(tolerated_failures(n))
             .with_remaining_ttl(true);
         let capabilities = match eviction {
@@ -155,6 +166,7 @@ impl RedlockBackend {
                 wakeups: Wakeups::start(clients, options.node_timeout, options.connect_timeout),
                 nodes,
                 capabilities,
+                lines: Lines::new(DEFAULT_WAITER_LEASE),
             }),
         })
     }
@@ -193,6 +205,43 @@ impl RedlockBackend {
         self.inner
             .nodes
             .ask(which, |node| node.batcher.release(claim.clone(), token))
+            .await;
+    }
+
+    /// Takes `entry` out of the lock's line on the nodes picked by `which`,
+    /// handing the turn on where the key was reserved for it.
+    async fn leave_on(&self, keys: &LockKeys, entry: &str, which: impl Fn(usize) -> bool) {
+        let answers = self
+            .inner
+            .nodes
+            .ask(which, |node| {
+                let mut c = node.connection.clone();
+                async move { scripts::leave_line(&mut c, keys, entry).await }
+            })
+            .await;
+        if answers.iter().any(|a| matches!(a, Some(Err(_)))) {
+            tracing::debug!(
+                "could not leave the waiting line on every node; the place's lease bounds it"
+            );
+        }
+    }
+
+    /// Gives back `owner`'s grants on the nodes picked by `which`, keeping
+    /// the waiter's place there (see [`scripts::give_back_turn`]).
+    async fn give_back_on(
+        &self,
+        keys: &LockKeys,
+        owner: &OwnerToken,
+        entry: &str,
+        which: impl Fn(usize) -> bool,
+    ) {
+        let lease = self.inner.lines.lease();
+        self.inner
+            .nodes
+            .ask(which, |node| {
+                let mut c = node.connection.clone();
+                async move { scripts::give_back_turn(&mut c, keys, owner, entry, lease).await }
+            })
             .await;
     }
 
@@ -400,6 +449,15 @@ fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec
             })
         })
         .collect()
+}
+
+/// How far apart two waiters' arrivals may be and still be granted in
+/// either order: a wait's place reaches the nodes after its first attempt,
+/// its subscription and its attempt in line, each bounded by the node
+/// timeout on nodes that answer in time. (Places are ordered by their
+/// clients' clocks: on several hosts, their disagreement adds to it.)
+fn arrival_window(node_timeout: Duration) -> Duration {
+    node_timeout.saturating_mul(3)
 }
 
 /// Whether a node's answer is a grant whose token is below `top`.
@@ -689,5 +747,132 @@ impl LockBackend for RedlockBackend {
 
     async fn on_release(&self, key: &LockKey) -> Option<WakeUpFuture> {
         self.inner.wakeups.on_release(self.keys(key).channel).await
+    }
+
+    /// One attempt in line, on every node at once (see the crate docs,
+    /// "Waiting order"): a node grants when its line's head is `place` (or
+    /// the key is reserved for it), and the grant needs a majority. A
+    /// grant on fewer is given back keeping the place, which hands each of
+    /// those nodes to its line's head: in order of arrival stamps, the same
+    /// on every node, so a split between nodes settles on one waiter.
+    async fn try_acquire_queued(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        place: &Place,
+    ) -> Result<Grant> {
+        let keys = &self.keys(key);
+        let lines = &self.inner.lines;
+        let entry = &lines.entry(place);
+        let lease = lines.lease();
+        if lines.hold(keys, entry) {
+            tokio::spawn(line::keep(Arc::downgrade(&self.inner), keys.lock.clone()));
+        }
+        let sent = Instant::now();
+        // Dropped on its way, the attempt releases what it was granted,
+        // which hands the turn on (its wait is being dropped, and leaves
+        // the line: its place is not to come back). On the connection its
+        // attempts went by, so that the release comes after them.
+        let give_back = GiveBack::armed(|| {
+            for node in self.inner.nodes.nodes() {
+                let (mut c, keys, owner) = (node.connection.clone(), keys.clone(), owner.clone());
+                tokio::spawn(async move { scripts::release(&mut c, &keys, &owner, 0).await });
+            }
+        });
+        let answers = self
+            .inner
+            .nodes
+            .ask_all(|node| {
+                let mut c = node.connection.clone();
+                async move {
+                    let rule = TokenRule::CounterFirst;
+                    scripts::acquire_in_line(&mut c, &rule, keys, owner, entry, ttl, lease).await
+                }
+            })
+            .await;
+        let tally = Tally::new(
+            answers
+                .into_iter()
+                .map(|a| match a {
+                    Ok(AcquireReply::Granted(token)) => Reply::Done(token),
+                    Ok(AcquireReply::Contended(remaining)) => Reply::Refused { remaining },
+                    Err(why) => Reply::Failed(why),
+                })
+                .collect(),
+        );
+        let granted = |i: usize| matches!(tally.replies()[i], Reply::Done(_));
+        // Any node that did not refuse may hold our grant, even one that
+        // seemed to fail: its attempt may run after its answer timed out.
+        let ours = |i: usize| !matches!(tally.replies()[i], Reply::Refused { .. });
+        if tally.has_quorum() {
+            let elapsed = sent.elapsed();
+            let fenced = match validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)) {
+                Some(_) => self.fence(keys, &tally, ttl).await,
+                None => Err(Error::Unavailable {
+                    backend: BACKEND,
+                    endpoint: self.inner.url.clone(),
+                    reason: format!(
+                        "a quorum granted, but only after {elapsed:?}, which leaves no validity of a {ttl:?} TTL"
+                    ),
+                    source: None,
+                }),
+            };
+            give_back.disarm();
+            return match fenced {
+                Ok(token) => {
+                    // Granted: the place leaves the lines of the nodes that
+                    // did not grant (a grant takes it out of the others').
+                    lines.let_go(keys, entry);
+                    self.leave_on(keys, entry, |i| !granted(i)).await;
+                    Ok(Grant::new(token).sent_at(sent))
+                }
+                Err(e) => {
+                    self.give_back_on(keys, owner, entry, ours).await;
+                    Err(e)
+                }
+            };
+        }
+        give_back.disarm();
+        if (0..tally.nodes()).any(ours) {
+            self.give_back_on(keys, owner, entry, ours).await;
+        }
+        // No majority, refused or not heard from in time: the waiter waits
+        // for its turn in line, as under contention (woken by a node handing
+        // it the turn, or by its client's renewal of its places), rather
+        // than asking again at once. Under a crowd, answers that come late
+        // would otherwise bring every waiter back at once, which makes the
+        // answers later still.
+        tracing::debug!(error = %tally.to_error("acquire in line", &self.inner.endpoints), "waiting in line");
+        Err(Error::Contended {
+            key: key.to_string(),
+            remaining: tally.free_in(),
+        })
+    }
+
+    async fn on_turn(&self, key: &LockKey, place: &Place) -> Option<WakeUpFuture> {
+        let entry = self.inner.lines.entry(place);
+        self.inner
+            .wakeups
+            .on_turn(self.keys(key).channel, entry)
+            .await
+    }
+
+    fn keeps_places(&self) -> bool {
+        true
+    }
+
+    fn leave_queue(&self, key: &LockKey, place: &Place) -> LeaveFuture {
+        let keys = self.keys(key);
+        let entry = self.inner.lines.entry(place);
+        self.inner.lines.let_go(&keys, &entry);
+        let backend = self.clone();
+        // Sent at once, whether or not the future is polled.
+        let left = tokio::spawn(async move {
+            backend.leave_on(&keys, &entry, |_| true).await;
+        });
+        Box::pin(async move {
+            let _ = left.await;
+        })
     }
 }

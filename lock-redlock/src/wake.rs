@@ -151,6 +151,10 @@ struct Channel {
     nodes: Vec<Listening>,
     /// The last waiter left, and a task is to look again (see [`close`]).
     closing: bool,
+    /// The waiters of this client in the lock's line, by their place as
+    /// the nodes hold it: a release that hands the turn publishes the
+    /// place, which wakes its waiter alone.
+    turns: HashMap<String, Arc<Notify>>,
 }
 
 /// Where one node's subscription to a channel stands.
@@ -176,6 +180,7 @@ impl Channel {
             told: 0,
             nodes: vec![Listening::Off; nodes],
             closing: false,
+            turns: HashMap::new(),
         }
     }
 
@@ -188,6 +193,19 @@ impl Channel {
     /// one waiter for the first and the majority-making node of a release.
     /// Returns whether it woke one.
     fn release_message(&mut self, message: &[u8], node: usize, nodes: usize) -> bool {
+        // A turn handed to a place in line wakes that place's waiter, if it
+        // is one of ours, and nobody else. Each node hands it: the waiter
+        // woken by the first may find the others not there yet, and is
+        // woken again by the next.
+        if message.len() == crate::line::PLACE_LEN {
+            let turn = std::str::from_utf8(message)
+                .ok()
+                .and_then(|place| self.turns.get(place));
+            if let Some(turn) = turn {
+                turn.notify_one();
+            }
+            return turn.is_some();
+        }
         let token = std::str::from_utf8(message)
             .ok()
             .and_then(|m| m.parse::<u64>().ok())
@@ -269,6 +287,17 @@ impl Wakeups {
     /// has answered, or the per-node timeout has passed: the subscriptions
     /// still to come count once they come).
     pub(crate) async fn on_release(&self, channel: String) -> Option<WakeUpFuture> {
+        self.register(channel, None).await
+    }
+
+    /// Like [`on_release`](Self::on_release), for the waiter at `place`
+    /// in the lock's line: woken when a node hands it the turn (or a
+    /// node's connection fails), not by other releases.
+    pub(crate) async fn on_turn(&self, channel: String, place: String) -> Option<WakeUpFuture> {
+        self.register(channel, Some(place)).await
+    }
+
+    async fn register(&self, channel: String, place: Option<String>) -> Option<WakeUpFuture> {
         let mut released = {
             let mut interest = lock(&self.shared.interest);
             let Interest { channels, links } = &mut *interest;
@@ -276,7 +305,15 @@ impl Wakeups {
                 .entry(channel.clone())
                 .or_insert_with(|| Channel::new(links.len()));
             entry.waiters += 1;
-            let released = Box::pin(entry.released.clone().notified_owned());
+            let wakes = match &place {
+                Some(place) => entry
+                    .turns
+                    .entry(place.clone())
+                    .or_insert_with(|| Arc::new(Notify::new()))
+                    .clone(),
+                None => entry.released.clone(),
+            };
+            let released = Box::pin(wakes.notified_owned());
             // The other nodes listen, or their task is on it and finds the
             // channel wanted, or it dials again on its own.
             for (i, link) in links.iter_mut().enumerate() {
@@ -292,6 +329,7 @@ impl Wakeups {
         let registration = Registration {
             wakeups: self.clone(),
             channel: channel.clone(),
+            place,
         };
         let _ = tokio::time::timeout(self.node_timeout, self.majority_listens(&channel)).await;
         Some(Box::pin(async move {
@@ -336,6 +374,7 @@ impl Wakeups {
 struct Registration {
     wakeups: Wakeups,
     channel: String,
+    place: Option<String>,
 }
 
 impl Drop for Registration {
@@ -344,6 +383,9 @@ impl Drop for Registration {
         let Some(entry) = interest.channels.get_mut(&self.channel) else {
             return;
         };
+        if let Some(place) = &self.place {
+            entry.turns.remove(place);
+        }
         entry.waiters -= 1;
         if entry.waiters > 0 || entry.closing {
             return;
@@ -608,6 +650,9 @@ impl NodeTask {
             for entry in interest.channels.values() {
                 if entry.nodes[self.node] == Listening::On {
                     entry.released.notify_waiters();
+                    for turn in entry.turns.values() {
+                        turn.notify_one();
+                    }
                 }
             }
             self.mark(&mut interest.channels, |_, _| Listening::Failed);

@@ -131,3 +131,35 @@ fn the_readme_example_profiles_are_met_by_their_backends() {
         );
     }
 }
+
+/// The guide's waiting-order row: "yes" exactly where the backend promises
+/// first come, first served (what `fifo_fair = true` requires).
+#[test]
+fn the_guide_waiting_row_matches_the_backends_waiting_order() {
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/guide/choosing.md"
+    ))
+    .expect("docs/guide/choosing.md");
+    let mut rows = guide.lines().skip_while(|l| !l.starts_with("| waiting |"));
+    let header = cells(rows.next().expect("the waiting row's table in choosing.md"));
+    let row = cells(rows.nth(1).expect("the waiting row"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (backend, url) in common::servers() {
+        let column = header
+            .iter()
+            .position(|h| h.split_whitespace().next() == Some(backend))
+            .unwrap_or_else(|| panic!("no waiting column for {backend}"));
+        let locker = runtime.block_on(lockkit::connect(&url)).expect("connect");
+        let order = &locker.capabilities().waiting_order;
+        assert_eq!(
+            row[column] == "yes",
+            order.is_fifo(),
+            "the guide says {backend} waits first come, first served: `{}`; its order: {order}",
+            row[column]
+        );
+    }
+}

@@ -36,6 +36,9 @@ struct Args {
     /// Only the paired rounds behind the goals that compare two clients (a couple of minutes).
     #[arg(long)]
     paired_only: bool,
+    /// Only the crowd scenario (many waiters on one key over several clients), for each backend.
+    #[arg(long, conflicts_with = "paired_only")]
+    crowd_only: bool,
     /// Paired rounds per comparison (default: 3 quick, 9 full).
     #[arg(long, value_name = "N")]
     rounds: Option<usize>,
@@ -71,6 +74,7 @@ async fn run(args: &Args) -> ExitCode {
         out: args.out.clone(),
         only: args.backends.clone(),
         paired_only: args.paired_only,
+        crowd_only: args.crowd_only,
         rounds: args.rounds,
         round: args.round_ms.map(std::time::Duration::from_millis),
     };
