@@ -6,12 +6,12 @@ use lock_core::Wait;
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
-use lock_core::{Error, GuardOptions, Locker};
+use lock_core::{Error, GuardOptions, LockBackend, Locker};
 use lock_etcd::{EtcdBackend, EtcdOptions};
 
 /// Connects in a task of its own, so that a panic is reported as one.
-async fn outcome(url: String, options: EtcdOptions) -> Result<EtcdBackend, Error> {
-    tokio::spawn(async move { EtcdBackend::connect_with(&url, options).await })
+async fn outcome(options: Result<EtcdOptions, Error>) -> Result<EtcdBackend, Error> {
+    tokio::spawn(async move { EtcdBackend::connect_with(options?).await })
         .await
         .expect("connecting panicked")
 }
@@ -55,30 +55,92 @@ async fn the_longest_timeouts_connect_or_are_refused_by_name_without_a_panic() {
     let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
         return;
     };
+    let options = || EtcdOptions::from_url(&url);
     let huge = [Duration::MAX, Duration::from_millis(u64::MAX)];
     for d in huge {
-        let options = EtcdOptions::default().connect_timeout(d);
+        let connected = outcome(options().and_then(|o| o.connect_timeout(d))).await;
         let what = format!("connect_timeout {d:?}");
-        works_or_names(
-            &what,
-            "connect_timeout_ms",
-            outcome(url.clone(), options).await,
-        )
-        .await;
-        let options = EtcdOptions::default().request_timeout(d);
-        let what = format!("request_timeout {d:?}");
-        works_or_names(
-            &what,
-            "request_timeout_ms",
-            outcome(url.clone(), options).await,
-        )
-        .await;
+        works_or_names(&what, "connect_timeout_ms", connected).await;
+        let connected = outcome(options().and_then(|o| o.response_timeout(d))).await;
+        let what = format!("response_timeout {d:?}");
+        works_or_names(&what, "response_timeout_ms", connected).await;
     }
-    for option in ["connect_timeout_ms", "request_timeout_ms"] {
+    for option in ["connect_timeout_ms", "response_timeout_ms"] {
         let with = format!("{url}?{option}={}", u64::MAX);
-        let connected = outcome(with, EtcdOptions::default()).await;
+        let connected = outcome(EtcdOptions::from_url(&with)).await;
         works_or_names(option, option, connected).await;
     }
+}
+
+/// Options read from the URL and adjusted with every setter connect, and
+/// the backend puts its locks where the setters said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_from_the_url_and_the_setters_connect() {
+    let Some(url) = server_url("LOCKKIT_ETCD_URL") else {
+        return;
+    };
+    let prefix = unique_key("options-prefix/");
+    let options = EtcdOptions::from_url(&format!("{url}?prefix=ignored/&min_ttl_s=3"))
+        .and_then(|o| o.connect_timeout(Duration::from_secs(5)))
+        .and_then(|o| o.response_timeout(Duration::from_secs(4)))
+        .and_then(|o| o.prefix(prefix.clone()))
+        .and_then(|o| o.min_ttl(Duration::from_secs(2)))
+        .expect("options");
+    assert_eq!(options.get_prefix(), prefix);
+    assert_eq!(options.get_response_timeout(), Duration::from_secs(4));
+    let backend = outcome(Ok(options)).await.expect("connect");
+    assert_eq!(
+        backend.capabilities().limits.min_ttl,
+        Duration::from_secs(2)
+    );
+    let locker = Locker::new(backend);
+    let key = unique_key("options");
+    let lease = locker
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .expect("granted");
+    // The entry lives under the setter's prefix, not the URL's.
+    let client = etcd_client::Client::connect(
+        [url.trim_start_matches("etcd://").split(',').next().unwrap()],
+        None,
+    )
+    .await
+    .expect("a plain client");
+    let count = |p: String| {
+        let mut client = client.clone();
+        async move {
+            let only = etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_count_only();
+            client.get(p, Some(only)).await.expect("get").count()
+        }
+    };
+    assert_eq!(count(prefix.clone()).await, 1);
+    assert_eq!(count("ignored/".to_owned()).await, 0);
+    locker.release(lease).await.expect("release");
+}
+
+/// A setter given a value it cannot take refuses it, naming the option.
+#[test]
+fn a_setters_bad_value_is_refused_naming_the_option() {
+    let options = || EtcdOptions::from_url("etcd://127.0.0.1:2379").expect("a plain URL");
+    let named = |r: Result<EtcdOptions, Error>| match r {
+        Err(Error::InvalidInput { field, .. }) => field,
+        other => panic!("expected an input error, got {other:?}"),
+    };
+    assert_eq!(
+        named(options().connect_timeout(Duration::ZERO)),
+        "connect_timeout_ms"
+    );
+    assert_eq!(
+        named(options().response_timeout(Duration::ZERO)),
+        "response_timeout_ms"
+    );
+    assert_eq!(named(options().prefix("a\nb")), "prefix");
+    assert_eq!(
+        named(options().min_ttl(Duration::from_millis(1500))),
+        "min_ttl_s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +149,7 @@ async fn a_minimum_ttl_beyond_the_longest_ttl_is_refused_by_name() {
         return;
     };
     let with = format!("{url}?min_ttl_s={}", u64::MAX);
-    let connected = outcome(with, EtcdOptions::default()).await;
+    let connected = outcome(EtcdOptions::from_url(&with)).await;
     assert!(
         matches!(
             connected,
@@ -98,8 +160,9 @@ async fn a_minimum_ttl_beyond_the_longest_ttl_is_refused_by_name() {
         ),
         "{connected:?}"
     );
-    let options = EtcdOptions::default().min_ttl(Duration::from_secs(u64::MAX));
-    let connected = outcome(url, options).await;
+    let options =
+        EtcdOptions::from_url(&url).and_then(|o| o.min_ttl(Duration::from_secs(u64::MAX)));
+    let connected = outcome(options).await;
     assert!(
         matches!(
             connected,

@@ -46,20 +46,24 @@ const OWN_PARAMS: &[&str] = &[
 
 /// Settings of a [`PostgresBackend`](crate::PostgresBackend).
 ///
-/// Built from a URL with [`PostgresOptions::from_url`], then adjusted with
-/// the `with_*` methods:
+/// Built from a URL with [`PostgresOptions::from_url`] (or from the
+/// application's own [`PgConnectOptions`] with
+/// [`from_connect_options`](Self::from_connect_options)), then adjusted with
+/// the setters, each named after its URL option:
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_postgres::PostgresOptions;
 ///
 /// let options = PostgresOptions::from_url("postgres://app:secret@db:5432/app?max_held_locks=8")?
-///     .with_response_timeout(Duration::from_secs(2))?;
-/// assert_eq!(options.max_held_locks(), 8);
+///     .response_timeout(Duration::from_secs(2))?
+///     .create_schema(false);
+/// assert_eq!(options.get_max_held_locks(), 8);
 /// assert!(!format!("{options:?}").contains("secret"));
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct PostgresOptions {
     pub(crate) connect: PgConnectOptions,
     pub(crate) endpoint: String,
@@ -80,7 +84,7 @@ impl std::fmt::Debug for PostgresOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("create_schema", &self.create_schema)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -117,7 +121,7 @@ impl PostgresOptions {
     /// use sqlx::postgres::PgConnectOptions;
     ///
     /// let app = PgConnectOptions::new().host("db.internal").database("billing").username("app");
-    /// let options = PostgresOptions::from_connect_options(app)?.with_create_schema(false);
+    /// let options = PostgresOptions::from_connect_options(app)?.create_schema(false);
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn from_connect_options(connect: PgConnectOptions) -> Result<PostgresOptions> {
@@ -220,13 +224,13 @@ impl PostgresOptions {
             create_schema: true,
         };
         if let Some(n) = number("max_held_locks")? {
-            options = options.with_max_held_locks(usize::try_from(n).unwrap_or(usize::MAX))?;
+            options = options.max_held_locks(usize::try_from(n).unwrap_or(usize::MAX))?;
         }
         if let Some(ms) = number("connect_timeout_ms")? {
-            options = options.with_connect_timeout(Duration::from_millis(ms))?;
+            options = options.connect_timeout(Duration::from_millis(ms))?;
         }
         if let Some(ms) = number("response_timeout_ms")? {
-            options = options.with_response_timeout(Duration::from_millis(ms))?;
+            options = options.response_timeout(Duration::from_millis(ms))?;
         }
         let schema = own("schema").unwrap_or(options.names.schema());
         let table = own("table").unwrap_or(options.names.table_name());
@@ -251,7 +255,7 @@ impl PostgresOptions {
     /// `acquire` waiting in the server) pins one connection; past the limit,
     /// `try_acquire` fails at once with [`Error::LimitReached`] and `acquire`
     /// queues for a connection within its wait.
-    pub fn with_max_held_locks(mut self, max: usize) -> Result<Self> {
+    pub fn max_held_locks(mut self, max: usize) -> Result<Self> {
         if !(1..=Self::MAX_HELD_LOCKS).contains(&max) {
             return Err(Error::invalid(
                 "max_held_locks",
@@ -265,41 +269,55 @@ impl PostgresOptions {
         Ok(self)
     }
 
-    /// Sets the time allowed to open a connection (at least 1 ms; a value
-    /// past what the clock can count, `Duration::MAX`, means no limit).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self> {
+    /// Sets the time allowed to open a connection (URL option
+    /// `connect_timeout_ms`, default 5 s): at least 1 ms, or refused naming
+    /// `connect_timeout_ms`; a value past what the clock can count,
+    /// `Duration::MAX`, means no limit.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
         self.connect_timeout = lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
         Ok(self)
     }
 
     /// Sets the time allowed for one statement's reply, not for waiting on
-    /// a lock (at least 1 ms; a value past what the clock can count,
-    /// `Duration::MAX`, means no limit). It is also the session's
-    /// `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
-    pub fn with_response_timeout(mut self, timeout: Duration) -> Result<Self> {
+    /// a lock (URL option `response_timeout_ms`, default 5 s): at least
+    /// 1 ms, or refused naming `response_timeout_ms`; a value past what the
+    /// clock can count, `Duration::MAX`, means no limit. It is also the
+    /// session's `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
+    pub fn response_timeout(mut self, timeout: Duration) -> Result<Self> {
         self.response_timeout = lock_core::raw::validate::timeout("response_timeout_ms", timeout)?;
         Ok(self)
     }
 
-    /// Sets the schema, table and sequence names. Each must be a plain
-    /// identifier: ASCII letters, digits and `_`, not starting with a digit,
-    /// at most 63 bytes.
-    pub fn with_names(mut self, schema: &str, table: &str, sequence: &str) -> Result<Self> {
+    /// Sets the schema, table and sequence names (URL options `schema`,
+    /// `table`, `sequence`; default `lockkit`, `locks`, `fencing_tokens`). Each must
+    /// be a plain identifier: ASCII letters, digits and `_`, not starting
+    /// with a digit, at most 63 bytes, or it is refused, naming which.
+    pub fn names(mut self, schema: &str, table: &str, sequence: &str) -> Result<Self> {
         self.names = Names::new(schema, table, sequence)?;
         Ok(self)
     }
 
     /// Whether `connect` creates the schema, table and sequence when they are
-    /// missing (default true). Turn it off when migrations are managed
-    /// elsewhere with [`schema_sql`](Self::schema_sql).
-    pub fn with_create_schema(mut self, create: bool) -> Self {
+    /// missing (URL option `create_schema`, default true). Turn it off when
+    /// migrations are managed elsewhere with [`schema_sql`](Self::schema_sql).
+    pub fn create_schema(mut self, create: bool) -> Self {
         self.create_schema = create;
         self
     }
 
     /// The limit on locks held at once.
-    pub fn max_held_locks(&self) -> usize {
+    pub fn get_max_held_locks(&self) -> usize {
         self.max_held_locks
+    }
+
+    /// The time allowed to open a connection.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The time allowed for one statement's reply.
+    pub fn get_response_timeout(&self) -> Duration {
+        self.response_timeout
     }
 
     /// The statements that create the schema, table and sequence for these

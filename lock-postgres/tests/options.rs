@@ -66,13 +66,10 @@ async fn max_held_locks_past_the_limit_is_refused_by_name() {
         refused(&url, connected(PostgresOptions::from_url(&url)).await);
     }
     for n in [limit + 1, usize::MAX] {
-        let options = PostgresOptions::from_url(&url).and_then(|o| o.with_max_held_locks(n));
-        refused(
-            &format!("with_max_held_locks({n})"),
-            connected(options).await,
-        );
+        let options = PostgresOptions::from_url(&url).and_then(|o| o.max_held_locks(n));
+        refused(&format!("max_held_locks({n})"), connected(options).await);
     }
-    let options = PostgresOptions::from_url(&url).and_then(|o| o.with_max_held_locks(limit));
+    let options = PostgresOptions::from_url(&url).and_then(|o| o.max_held_locks(limit));
     works(
         "the largest budget",
         connected(options).await.expect("connect"),
@@ -86,10 +83,10 @@ async fn the_longest_timeouts_mean_no_limit_without_a_panic() {
         return;
     };
     for d in [Duration::MAX, Duration::from_millis(u64::MAX)] {
-        let options = PostgresOptions::from_url(&url).and_then(|o| o.with_connect_timeout(d));
+        let options = PostgresOptions::from_url(&url).and_then(|o| o.connect_timeout(d));
         let what = format!("connect timeout {d:?}");
         works(&what, connected(options).await.expect(&what)).await;
-        let options = PostgresOptions::from_url(&url).and_then(|o| o.with_response_timeout(d));
+        let options = PostgresOptions::from_url(&url).and_then(|o| o.response_timeout(d));
         let what = format!("response timeout {d:?}");
         works(&what, connected(options).await.expect(&what)).await;
     }
@@ -123,4 +120,50 @@ async fn the_applications_own_connect_options_give_a_working_backend() {
         Ok(_) => assert!(built_with_tls, "TLS accepted without the tls feature"),
         Err(e) => assert!(!built_with_tls && e.to_string().contains("tls"), "{e}"),
     }
+}
+
+/// Options read from the URL and adjusted with the setters connect, and
+/// each setting takes effect: one held lock is the limit the setter set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_from_the_url_and_the_setters_connect() {
+    let Some(url) = server_url("LOCKKIT_POSTGRES_URL") else {
+        return;
+    };
+    let options = PostgresOptions::from_url(&with(&url, "max_held_locks=8"))
+        .and_then(|o| o.max_held_locks(1))
+        .and_then(|o| o.connect_timeout(Duration::from_secs(5)))
+        .and_then(|o| o.response_timeout(Duration::from_secs(4)))
+        .map(|o| o.create_schema(true));
+    let options = options.expect("options");
+    assert_eq!(options.get_max_held_locks(), 1);
+    assert_eq!(options.get_response_timeout(), Duration::from_secs(4));
+    let locker = Locker::new(connected(Ok(options)).await.expect("connect"));
+    let ttl = Duration::from_secs(5);
+    let held = locker
+        .try_acquire(&unique_key("pg-options"), ttl)
+        .await
+        .expect("granted");
+    let second = locker.try_acquire(&unique_key("pg-options"), ttl).await;
+    assert!(
+        matches!(second, Err(Error::LimitReached { .. })),
+        "{second:?}"
+    );
+    locker.release(held).await.expect("release");
+}
+
+#[test]
+fn a_setters_bad_value_is_refused_naming_the_option() {
+    let options = || PostgresOptions::from_url("postgres://h/db").expect("a plain URL");
+    let named = |r: Result<PostgresOptions, Error>| match r {
+        Err(Error::InvalidInput { field, .. }) => field,
+        other => panic!("expected an input error, got {other:?}"),
+    };
+    let zero = Duration::ZERO;
+    assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
+    assert_eq!(
+        named(options().response_timeout(zero)),
+        "response_timeout_ms"
+    );
+    assert_eq!(named(options().max_held_locks(0)), "max_held_locks");
+    assert_eq!(named(options().names("s", "t-1", "q")), "table");
 }

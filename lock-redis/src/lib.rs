@@ -17,10 +17,10 @@ use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, HeldLock, Lease, Limits, LockBackend,
     LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
+pub use lock_redis_wire::KeyLayout;
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
 use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, TokenRule, map_error};
-pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
 use crate::line::Lines;
@@ -35,16 +35,32 @@ pub use lock_core::LockReport;
 pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster", "rediss+cluster"];
 
 /// Settings of a [`RedisBackend`]: what the URL says, adjustable in code.
+///
+/// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
+/// (each named after its URL option), then hand it to
+/// [`RedisBackend::connect_with`]:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redis::RedisOptions;
+///
+/// let options = RedisOptions::from_url("redis://:secret@127.0.0.1:6379/0")?
+///     .prefix("billing:")?
+///     .response_timeout(Duration::from_millis(500))?;
+/// assert_eq!(options.get_prefix(), "billing:");
+/// assert!(!format!("{options:?}").contains("secret"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RedisOptions {
     settings: RedisSettings,
     cluster: bool,
     waiter_lease: Duration,
 }
 
-/// The URL option for [`RedisOptions::with_waiter_lease`].
+/// The URL option for [`RedisOptions::waiter_lease`].
 const WAITER_LEASE: &str = "waiter_lease_ms";
-
 impl RedisOptions {
     /// Reads a `redis://`, `rediss://`, `redis+cluster://` or
     /// `rediss+cluster://` URL (see the crate docs for its options).
@@ -101,23 +117,55 @@ impl RedisOptions {
     /// head of the line holds the others up for at most this long, plus a
     /// third of it (see [`Stall`]). Waiters refresh every third of it.
     /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
-    pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
+    pub fn waiter_lease(mut self, lease: Duration) -> Result<Self> {
         self.waiter_lease = lock_core::raw::waiter_lease(lease)?;
         Ok(self)
     }
 
-    /// Puts locks under `prefix` instead of the URL's (default `lockkit:`).
-    pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
+    /// Puts locks under `prefix` instead of the URL's (URL option `prefix`,
+    /// default `lockkit:`). Refused, naming `prefix`, when it holds `{` or
+    /// `}`, which Redis Cluster reads as a hash tag.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
         self.settings.layout = KeyLayout::new(prefix)?;
         Ok(self)
     }
 
-    /// Replaces the connect and response timeouts; each must be at least
-    /// 1 ms (a zero timeout would fail every call).
-    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Result<Self> {
-        timeouts.check()?;
-        self.settings.timeouts = timeouts;
+    /// How long opening a connection may take (URL option
+    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or refused naming
+    /// `connect_timeout_ms`; `Duration::MAX` waits as long as it takes.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
+        self.settings.timeouts.connect =
+            lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
         Ok(self)
+    }
+
+    /// How long each reply may take (URL option `response_timeout_ms`,
+    /// default 3 s). At least 1 ms, or refused naming `response_timeout_ms`;
+    /// `Duration::MAX` waits as long as it takes.
+    pub fn response_timeout(mut self, timeout: Duration) -> Result<Self> {
+        self.settings.timeouts.response =
+            lock_core::raw::validate::timeout(RESPONSE_TIMEOUT, timeout)?;
+        Ok(self)
+    }
+
+    /// The prefix locks live under.
+    pub fn get_prefix(&self) -> &str {
+        self.settings.layout.prefix()
+    }
+
+    /// How long opening a connection may take.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.settings.timeouts.connect
+    }
+
+    /// How long each reply may take.
+    pub fn get_response_timeout(&self) -> Duration {
+        self.settings.timeouts.response
+    }
+
+    /// How long a waiter's place in line lasts without a refresh.
+    pub fn get_waiter_lease(&self) -> Duration {
+        self.waiter_lease
     }
 }
 
@@ -573,22 +621,19 @@ mod tests {
     #[test]
     fn zero_timeouts_are_refused_naming_which() {
         let options = || RedisOptions::from_url("redis://h:6379").unwrap();
-        let zero_response = Timeouts {
-            response: Duration::ZERO,
-            ..Timeouts::default()
+        let named = |r: Result<RedisOptions>| match r {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("expected an input error, got {other:?}"),
         };
-        let err = options().with_timeouts(zero_response).unwrap_err();
-        assert!(
-            err.is_invalid_input() && err.to_string().contains("response_timeout"),
-            "{err}"
+        let zero = Duration::ZERO;
+        assert_eq!(
+            named(options().response_timeout(zero)),
+            "response_timeout_ms"
         );
-        let zero_connect = Timeouts {
-            connect: Duration::ZERO,
-            ..Timeouts::default()
-        };
-        let err = options().with_timeouts(zero_connect).unwrap_err();
-        assert!(err.to_string().contains("connect_timeout"), "{err}");
-        assert!(options().with_timeouts(Timeouts::default()).is_ok());
+        assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
+        let one = Duration::from_millis(1);
+        assert!(options().connect_timeout(one).is_ok());
+        assert!(options().response_timeout(Duration::MAX).is_ok());
     }
 
     #[test]
