@@ -38,32 +38,45 @@ pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster", "rediss+clust
 ///
 /// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
 /// (each named after its URL option), then hand it to
-/// [`RedisBackend::connect_with`]:
+/// [`RedisBackend::connect_with`]. The setters only store their value; the
+/// values are checked, before anything connects, by `connect_with` (or by
+/// [`check`](Self::check), to validate a configuration without
+/// connecting), whose error names the URL option:
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_redis::RedisOptions;
 ///
 /// let options = RedisOptions::from_url("redis://:secret@127.0.0.1:6379/0")?
-///     .prefix("billing:")?
-///     .response_timeout(Duration::from_millis(500))?;
+///     .prefix("billing:")
+///     .response_timeout(Duration::from_millis(500));
+/// options.check()?;
 /// assert_eq!(options.get_prefix(), "billing:");
 /// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.connect_timeout(Duration::ZERO).check().unwrap_err();
+/// assert!(err.to_string().contains("connect_timeout_ms"));
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RedisOptions {
+    /// What the URL says; its timeouts as the setters left them, unchecked.
     settings: RedisSettings,
     cluster: bool,
+    /// Unchecked until connecting, as the setters store it.
+    prefix: String,
+    /// Unchecked until connecting, as the setters store it.
     waiter_lease: Duration,
 }
 
 /// The URL option for [`RedisOptions::waiter_lease`].
 const WAITER_LEASE: &str = "waiter_lease_ms";
+
 impl RedisOptions {
     /// Reads a `redis://`, `rediss://`, `redis+cluster://` or
-    /// `rediss+cluster://` URL (see the crate docs for its options).
+    /// `rediss+cluster://` URL (see the crate docs for its options). A bad
+    /// value in the URL is refused here, naming its option.
     pub fn from_url(url: &str) -> Result<Self> {
         lock_core::url::hide_if_ambiguous(url, Self::read_url(url))
     }
@@ -86,10 +99,9 @@ impl RedisOptions {
             }
         };
         let settings = RedisSettings::from_url(&parsed, tls, &[RESPONSE_TIMEOUT, WAITER_LEASE])?;
-        let waiter_lease = match parsed.millis_param(WAITER_LEASE)? {
-            Some(lease) => lock_core::raw::waiter_lease(lease)?,
-            None => DEFAULT_WAITER_LEASE,
-        };
+        let waiter_lease = parsed
+            .millis_param(WAITER_LEASE)?
+            .unwrap_or(DEFAULT_WAITER_LEASE);
         if !cluster && settings.servers.len() > 1 {
             return Err(Error::invalid(
                 "url",
@@ -105,52 +117,71 @@ impl RedisOptions {
                 format!("{parsed}: Redis Cluster has only database 0"),
             ));
         }
-        Ok(RedisOptions {
+        let options = RedisOptions {
+            prefix: settings.layout.prefix().to_owned(),
             settings,
             cluster,
             waiter_lease,
-        })
+        };
+        options.check()?;
+        Ok(options)
     }
 
     /// How long a waiter's place in line lasts without a refresh (URL
     /// option `waiter_lease_ms`, default 400 ms): a waiter that dies at the
     /// head of the line holds the others up for at most this long, plus a
     /// third of it (see [`Stall`]). Waiters refresh every third of it.
-    /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
-    pub fn waiter_lease(mut self, lease: Duration) -> Result<Self> {
-        self.waiter_lease = lock_core::raw::waiter_lease(lease)?;
-        Ok(self)
+    /// Whole milliseconds from 30 ms to 60 s, or `connect_with` refuses it
+    /// naming `waiter_lease_ms`.
+    pub fn waiter_lease(mut self, lease: Duration) -> Self {
+        self.waiter_lease = lease;
+        self
     }
 
     /// Puts locks under `prefix` instead of the URL's (URL option `prefix`,
-    /// default `lockkit:`). Refused, naming `prefix`, when it holds `{` or
-    /// `}`, which Redis Cluster reads as a hash tag.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
-        self.settings.layout = KeyLayout::new(prefix)?;
-        Ok(self)
+    /// default `lockkit:`). `connect_with` refuses it, naming `prefix`,
+    /// when it holds `{` or `}`, which Redis Cluster reads as a hash tag.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
     }
 
     /// How long opening a connection may take (URL option
-    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or refused naming
-    /// `connect_timeout_ms`; `Duration::MAX` waits as long as it takes.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.settings.timeouts.connect =
-            lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
-        Ok(self)
+    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or `connect_with`
+    /// refuses it naming `connect_timeout_ms`; `Duration::MAX` waits as
+    /// long as it takes.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeouts.connect = timeout;
+        self
     }
 
     /// How long each reply may take (URL option `response_timeout_ms`,
-    /// default 3 s). At least 1 ms, or refused naming `response_timeout_ms`;
-    /// `Duration::MAX` waits as long as it takes.
-    pub fn response_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.settings.timeouts.response =
-            lock_core::raw::validate::timeout(RESPONSE_TIMEOUT, timeout)?;
-        Ok(self)
+    /// default 3 s). At least 1 ms, or `connect_with` refuses it naming
+    /// `response_timeout_ms`; `Duration::MAX` waits as long as it takes.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeouts.response = timeout;
+        self
+    }
+
+    /// Checks every value as [`RedisBackend::connect_with`] does before it
+    /// connects, without connecting: the error names the URL option
+    /// (`connect_timeout_ms`, `prefix`, `waiter_lease_ms`, ...).
+    pub fn check(&self) -> Result<()> {
+        self.clone().checked().map(drop)
+    }
+
+    /// The settings to connect with, once every value is checked.
+    fn checked(self) -> Result<(RedisSettings, bool, Duration)> {
+        let mut settings = self.settings;
+        settings.timeouts.check()?;
+        settings.layout = KeyLayout::new(self.prefix)?;
+        let waiter_lease = lock_core::raw::waiter_lease(WAITER_LEASE, self.waiter_lease)?;
+        Ok((settings, self.cluster, waiter_lease))
     }
 
     /// The prefix locks live under.
     pub fn get_prefix(&self) -> &str {
-        self.settings.layout.prefix()
+        &self.prefix
     }
 
     /// How long opening a connection may take.
@@ -227,13 +258,12 @@ impl RedisBackend {
         Self::connect_with(RedisOptions::from_url(url)?).await
     }
 
-    /// Connects with explicit options.
+    /// Connects with explicit options. Their values are checked first, as
+    /// [`RedisOptions::check`] does: a bad one is refused with
+    /// [`Error::InvalidInput`] naming its URL option, before any connection
+    /// is opened.
     pub async fn connect_with(options: RedisOptions) -> Result<RedisBackend> {
-        let RedisOptions {
-            settings,
-            cluster,
-            waiter_lease,
-        } = options;
+        let (settings, cluster, waiter_lease) = options.checked()?;
         let backend = if cluster { "redis-cluster" } else { "redis" };
         let conn = Conn::open(backend, &settings, cluster).await?;
         let endpoint = if cluster {
@@ -621,7 +651,7 @@ mod tests {
     #[test]
     fn zero_timeouts_are_refused_naming_which() {
         let options = || RedisOptions::from_url("redis://h:6379").unwrap();
-        let named = |r: Result<RedisOptions>| match r {
+        let named = |o: RedisOptions| match o.check() {
             Err(Error::InvalidInput { field, .. }) => field,
             other => panic!("expected an input error, got {other:?}"),
         };
@@ -632,8 +662,8 @@ mod tests {
         );
         assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
         let one = Duration::from_millis(1);
-        assert!(options().connect_timeout(one).is_ok());
-        assert!(options().response_timeout(Duration::MAX).is_ok());
+        assert!(options().connect_timeout(one).check().is_ok());
+        assert!(options().response_timeout(Duration::MAX).check().is_ok());
     }
 
     #[test]

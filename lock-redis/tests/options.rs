@@ -1,6 +1,7 @@
 //! Options read from a URL and adjusted with the setters, on the shared
-//! server: they connect, and each setting takes effect; a setter given a
-//! value it cannot take refuses it, naming the option.
+//! server: they connect, and each setting takes effect; a setter's value
+//! that cannot be taken is refused by `connect_with`, naming the option,
+//! before anything connects.
 
 use std::time::Duration;
 
@@ -16,11 +17,11 @@ async fn options_from_the_url_and_the_setters_connect() {
     let prefix = unique_key("options-prefix") + ":";
     let lease = Duration::from_secs(2);
     let options = RedisOptions::from_url(&format!("{url}?prefix=ignored:&timeout_ms=100"))
-        .and_then(|o| o.connect_timeout(Duration::from_secs(5)))
-        .and_then(|o| o.response_timeout(Duration::from_secs(4)))
-        .and_then(|o| o.prefix(prefix.clone()))
-        .and_then(|o| o.waiter_lease(lease))
-        .expect("options");
+        .expect("options")
+        .connect_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(4))
+        .prefix(prefix.clone())
+        .waiter_lease(lease);
     assert_eq!(options.get_response_timeout(), Duration::from_secs(4));
     let backend = RedisBackend::connect_with(options).await.expect("connect");
     assert_eq!(backend.layout().prefix(), prefix);
@@ -69,19 +70,50 @@ async fn options_from_the_url_and_the_setters_connect() {
         .unwrap_or(());
 }
 
+/// A closed port: connecting there fails at once as unavailable, so an
+/// input error shows that the check ran before any connection.
+const CLOSED: &str = "redis://127.0.0.1:1";
+
+#[tokio::test]
+async fn a_setters_bad_value_is_refused_by_connect_with_naming_the_option_before_connecting() {
+    let options = || RedisOptions::from_url(CLOSED).expect("a plain URL");
+    let zero = Duration::ZERO;
+    for (option, bad) in [
+        ("connect_timeout_ms", options().connect_timeout(zero)),
+        ("response_timeout_ms", options().response_timeout(zero)),
+        ("prefix", options().prefix("a{b}")),
+        ("waiter_lease_ms", options().waiter_lease(zero)),
+    ] {
+        let checked = bad.check();
+        assert!(
+            matches!(&checked, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "check: {checked:?}"
+        );
+        let connected = RedisBackend::connect_with(bad).await;
+        assert!(
+            matches!(&connected, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "{option}: {connected:?}"
+        );
+    }
+    // The same URL with good values goes on to connect, and finds no server.
+    let connected = RedisBackend::connect_with(options()).await;
+    assert!(
+        matches!(connected, Err(Error::Unavailable { .. })),
+        "{connected:?}"
+    );
+}
+
 #[test]
-fn a_setters_bad_value_is_refused_naming_the_option() {
-    let options = || RedisOptions::from_url("redis://127.0.0.1:6379").expect("a plain URL");
-    let named = |r: Result<RedisOptions, Error>| match r {
+fn a_bad_value_names_the_same_option_in_the_url_and_in_the_setter() {
+    let named = |r: Result<(), Error>| match r {
         Err(Error::InvalidInput { field, .. }) => field,
         other => panic!("expected an input error, got {other:?}"),
     };
-    let zero = Duration::ZERO;
-    assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
-    assert_eq!(
-        named(options().response_timeout(zero)),
-        "response_timeout_ms"
-    );
-    assert_eq!(named(options().prefix("a{b}")), "prefix");
-    assert_eq!(named(options().waiter_lease(zero)), "waiter_lease");
+    let url = RedisOptions::from_url(&format!("{CLOSED}?waiter_lease_ms=1")).map(drop);
+    let setter = RedisOptions::from_url(CLOSED)
+        .expect("a plain URL")
+        .waiter_lease(Duration::from_millis(1))
+        .check();
+    assert_eq!(named(url), "waiter_lease_ms");
+    assert_eq!(named(setter), "waiter_lease_ms");
 }

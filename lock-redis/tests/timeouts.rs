@@ -72,8 +72,7 @@ async fn builder_timeouts_of_duration_max_wait_as_long_as_it_takes() {
     let options = RedisOptions::from_url(&server.url())
         .unwrap()
         .connect_timeout(Duration::MAX)
-        .and_then(|o| o.response_timeout(Duration::MAX))
-        .expect("a long timeout is no input error");
+        .response_timeout(Duration::MAX);
     let backend = RedisBackend::connect_with(options).await.expect("connect");
     locks_work(&Locker::new(backend), "forever/builder").await;
 }
@@ -91,8 +90,7 @@ async fn a_cluster_with_timeouts_too_long_for_the_clock_locks() {
     let options = RedisOptions::from_url(&cluster)
         .unwrap()
         .connect_timeout(Duration::MAX)
-        .and_then(|o| o.response_timeout(Duration::MAX))
-        .expect("a long timeout is no input error");
+        .response_timeout(Duration::MAX);
     let backend = RedisBackend::connect_with(options).await.expect("connect");
     locks_work(
         &Locker::new(backend),
