@@ -11,8 +11,8 @@ async fn fixture() -> Option<Fixture> {
     let url = server_url("LOCKKIT_REDLOCK_URL")?;
     // A loaded test machine can stall a reply past the 50 ms default.
     let options = RedlockOptions::from_url(&url)
-        .and_then(|o| o.node_timeout(Duration::from_millis(500)))
-        .expect("the URL of the shared nodes");
+        .expect("the URL of the shared nodes")
+        .node_timeout(Duration::from_millis(500));
     let connect = || async {
         Locker::new(
             RedlockBackend::connect_with(options.clone())

@@ -19,26 +19,36 @@ pub(crate) const OPTIONS: &[&str] = &["node_timeout_ms", "tls"];
 ///
 /// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
 /// (each named after its URL option), then hand it to
-/// [`RedlockBackend::connect_with`](crate::RedlockBackend::connect_with):
+/// [`RedlockBackend::connect_with`](crate::RedlockBackend::connect_with).
+/// The setters only store their value; `connect_with` checks the values
+/// before it connects to any node (as [`check`](Self::check) does, without
+/// connecting), and its error names the URL option:
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_redlock::RedlockOptions;
 ///
 /// let options = RedlockOptions::from_url("redlock://:secret@10.0.0.1,10.0.0.2,10.0.0.3")?
-///     .node_timeout(Duration::from_millis(20))?
-///     .prefix("billing:")?;
+///     .node_timeout(Duration::from_millis(20))
+///     .prefix("billing:");
+/// options.check()?;
 /// assert_eq!(options.get_node_timeout(), Duration::from_millis(20));
 /// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.prefix("a{b}").check().unwrap_err();
+/// assert!(err.to_string().contains("prefix"));
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RedlockOptions {
-    /// The nodes, their credentials and TLS, the prefix and the connect
-    /// timeout (its `Debug` leaves passwords out).
-    pub(crate) settings: RedisSettings,
-    pub(crate) node_timeout: Duration,
+    /// The nodes, their credentials and TLS, and the connect timeout as
+    /// the setters left it, unchecked (its `Debug` leaves passwords out).
+    settings: RedisSettings,
+    /// Unchecked until connecting, as the setters store it.
+    prefix: String,
+    /// Unchecked until connecting, as the setters store it.
+    node_timeout: Duration,
 }
 
 /// How long one node may take to answer one request, by default: small
@@ -57,26 +67,46 @@ impl RedlockOptions {
     /// failed for that request (URL option `node_timeout_ms`, default
     /// 50 ms). Small against the TTL, so that a slow or paused node cannot
     /// eat the validity of a lock held on the others. At least 1 ms, or
-    /// refused naming `node_timeout_ms`; `Duration::MAX` means no limit.
-    pub fn node_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.node_timeout = lock_core::raw::validate::timeout("node_timeout_ms", timeout)?;
-        Ok(self)
+    /// `connect_with` refuses it naming `node_timeout_ms`; `Duration::MAX`
+    /// means no limit.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
     }
 
     /// How long connecting to one node may take (URL option
     /// `connect_timeout_ms`, or `timeout_ms`; default 3 s). At least 1 ms,
-    /// or refused naming `connect_timeout_ms`; `Duration::MAX` means no limit.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.settings.timeouts.connect =
-            lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
-        Ok(self)
+    /// or `connect_with` refuses it naming `connect_timeout_ms`;
+    /// `Duration::MAX` means no limit.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeouts.connect = timeout;
+        self
     }
 
     /// Puts locks under `prefix` instead of the URL's (URL option `prefix`,
-    /// default `lockkit:`). Refused, naming `prefix`, when it holds `{` or `}`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
-        self.settings.layout = KeyLayout::new(prefix)?;
-        Ok(self)
+    /// default `lockkit:`). `connect_with` refuses it, naming `prefix`,
+    /// when it holds `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Checks every value as
+    /// [`RedlockBackend::connect_with`](crate::RedlockBackend::connect_with)
+    /// does before it connects, without connecting: the error names the
+    /// URL option (`node_timeout_ms`, `connect_timeout_ms`, `prefix`).
+    pub fn check(&self) -> Result<()> {
+        self.clone().checked().map(drop)
+    }
+
+    /// The settings and the per-node timeout to connect with, once every
+    /// value is checked.
+    pub(crate) fn checked(self) -> Result<(RedisSettings, Duration)> {
+        let mut settings = self.settings;
+        settings.timeouts.check()?;
+        settings.layout = KeyLayout::new(self.prefix)?;
+        let node_timeout = lock_core::raw::validate::timeout("node_timeout_ms", self.node_timeout)?;
+        Ok((settings, node_timeout))
     }
 
     /// How long one node may take to answer one request.
@@ -91,7 +121,7 @@ impl RedlockOptions {
 
     /// The prefix locks live under.
     pub fn get_prefix(&self) -> &str {
-        self.settings.layout.prefix()
+        &self.prefix
     }
 
     /// The number of nodes the URL names.
@@ -135,13 +165,12 @@ fn read(url: &str) -> Result<RedlockOptions> {
     refuse_duplicate_nodes(&parsed)?;
     let settings = RedisSettings::from_url(&parsed, tls, OPTIONS)?;
     let options = RedlockOptions {
+        prefix: settings.layout.prefix().to_owned(),
         settings,
-        node_timeout: DEFAULT_NODE_TIMEOUT,
+        node_timeout: (parsed.millis_param("node_timeout_ms")?).unwrap_or(DEFAULT_NODE_TIMEOUT),
     };
-    match parsed.millis_param("node_timeout_ms")? {
-        Some(timeout) => options.node_timeout(timeout),
-        None => Ok(options),
-    }
+    options.check()?;
+    Ok(options)
 }
 
 /// Refuses a node listed twice: both connections would reach one server,

@@ -86,11 +86,11 @@ impl RedlockBackend {
     ///
     /// Succeeds when a majority of the nodes answers within the connect
     /// timeout; the others are retried in the background (a warning names them).
+    /// The options' values are checked first, as [`RedlockOptions::check`]
+    /// does: a bad one is refused with [`Error::InvalidInput`] naming its
+    /// URL option, before any node is dialled.
     pub async fn connect_with(options: RedlockOptions) -> Result<RedlockBackend> {
-        let RedlockOptions {
-            settings,
-            node_timeout,
-        } = options;
+        let (settings, node_timeout) = options.checked()?;
         let n = settings.servers.len();
         if n % 2 == 0 {
             tracing::warn!(

@@ -16,8 +16,8 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 async fn connect(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
     let options = RedlockOptions::from_url(&nodes.url())
-        .and_then(|o| o.node_timeout(NODE_TIMEOUT))
-        .expect("options");
+        .expect("options")
+        .node_timeout(NODE_TIMEOUT);
     let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
@@ -52,8 +52,8 @@ async fn await_deleted(nodes: &RedisNodes, backend: &RedlockBackend, i: usize, k
 /// for a paused node would show.
 async fn connect_patient(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
     let options = RedlockOptions::from_url(&nodes.url())
-        .and_then(|o| o.node_timeout(Duration::from_secs(60)))
-        .expect("options");
+        .expect("options")
+        .node_timeout(Duration::from_secs(60));
     let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
@@ -525,9 +525,9 @@ async fn a_paused_node_does_not_hold_back_a_waiters_wake_up() {
     // Patient everywhere: no timeout ends a wait within the test's
     // patience, so only the release can wake the waiter.
     let options = RedlockOptions::from_url(&nodes.url())
-        .and_then(|o| o.node_timeout(Duration::from_secs(60)))
-        .and_then(|o| o.connect_timeout(Duration::from_secs(60)))
-        .expect("options");
+        .expect("options")
+        .node_timeout(Duration::from_secs(60))
+        .connect_timeout(Duration::from_secs(60));
     let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
@@ -567,9 +567,9 @@ async fn waits_during_a_pause_leave_no_wake_up_state_behind() {
     const KEYS: usize = 40;
     let nodes = RedisNodes::start(3).expect("3 redis nodes");
     let options = RedlockOptions::from_url(&nodes.url())
-        .and_then(|o| o.node_timeout(NODE_TIMEOUT))
-        .and_then(|o| o.connect_timeout(Duration::MAX))
-        .expect("options");
+        .expect("options")
+        .node_timeout(NODE_TIMEOUT)
+        .connect_timeout(Duration::MAX);
     let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");

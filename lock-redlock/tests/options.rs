@@ -1,6 +1,7 @@
 //! Options read from a URL and adjusted with the setters, on the shared
-//! nodes: they connect, and each setting takes effect; a setter given a
-//! value it cannot take refuses it, naming the option.
+//! nodes: they connect, and each setting takes effect; a setter's value
+//! that cannot be taken is refused by `connect_with`, naming the option,
+//! before any node is dialled.
 
 use std::time::Duration;
 
@@ -15,10 +16,10 @@ async fn options_from_the_url_and_the_setters_connect() {
     };
     let prefix = unique_key("options-prefix") + ":";
     let options = RedlockOptions::from_url(&format!("{url}?prefix=ignored:&node_timeout_ms=1"))
-        .and_then(|o| o.node_timeout(Duration::from_millis(500)))
-        .and_then(|o| o.connect_timeout(Duration::from_secs(5)))
-        .and_then(|o| o.prefix(prefix.clone()))
-        .expect("options");
+        .expect("options")
+        .node_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(5))
+        .prefix(prefix.clone());
     assert_eq!(options.get_prefix(), prefix);
     let backend = RedlockBackend::connect_with(options)
         .await
@@ -51,15 +52,34 @@ async fn options_from_the_url_and_the_setters_connect() {
     locker.release(held).await.expect("release");
 }
 
-#[test]
-fn a_setters_bad_value_is_refused_naming_the_option() {
-    let options = || RedlockOptions::from_url("redlock://a:1,b:2,c:3").expect("a plain URL");
-    let named = |r: Result<RedlockOptions, Error>| match r {
-        Err(Error::InvalidInput { field, .. }) => field,
-        other => panic!("expected an input error, got {other:?}"),
-    };
+/// Closed ports: dialling them fails at once, so an input error shows that
+/// the check ran before any node was dialled.
+const CLOSED: &str = "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
+
+#[tokio::test]
+async fn a_setters_bad_value_is_refused_by_connect_with_naming_the_option_before_connecting() {
+    let options = || RedlockOptions::from_url(CLOSED).expect("a plain URL");
     let zero = Duration::ZERO;
-    assert_eq!(named(options().node_timeout(zero)), "node_timeout_ms");
-    assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
-    assert_eq!(named(options().prefix("a}b")), "prefix");
+    for (option, bad) in [
+        ("node_timeout_ms", options().node_timeout(zero)),
+        ("connect_timeout_ms", options().connect_timeout(zero)),
+        ("prefix", options().prefix("a}b")),
+    ] {
+        let checked = bad.check();
+        assert!(
+            matches!(&checked, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "check: {checked:?}"
+        );
+        let connected = RedlockBackend::connect_with(bad).await;
+        assert!(
+            matches!(&connected, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "{option}: {connected:?}"
+        );
+    }
+    // The same URL with good values goes on to dial, and finds no node.
+    let connected = RedlockBackend::connect_with(options()).await;
+    assert!(
+        matches!(connected, Err(Error::Unavailable { .. })),
+        "{connected:?}"
+    );
 }

@@ -74,7 +74,6 @@ async fn builder_timeouts_of_duration_max_wait_as_long_as_it_takes() {
         ("node", options().node_timeout(Duration::MAX)),
         ("connect", options().connect_timeout(Duration::MAX)),
     ] {
-        let options = options.expect("a long timeout is no input error");
         let backend = RedlockBackend::connect_with(options)
             .await
             .expect("connect");
