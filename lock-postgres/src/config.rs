@@ -49,17 +49,24 @@ const OWN_PARAMS: &[&str] = &[
 /// Built from a URL with [`PostgresOptions::from_url`] (or from the
 /// application's own [`PgConnectOptions`] with
 /// [`from_connect_options`](Self::from_connect_options)), then adjusted with
-/// the setters, each named after its URL option:
+/// the setters, each named after its URL option. The setters only store
+/// their value; [`PostgresBackend::connect_with`](crate::PostgresBackend::connect_with)
+/// checks the values before it opens any connection (as [`check`](Self::check)
+/// does, without connecting), and its error names the URL option:
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_postgres::PostgresOptions;
 ///
 /// let options = PostgresOptions::from_url("postgres://app:secret@db:5432/app?max_held_locks=8")?
-///     .response_timeout(Duration::from_secs(2))?
+///     .response_timeout(Duration::from_secs(2))
 ///     .create_schema(false);
+/// options.check()?;
 /// assert_eq!(options.get_max_held_locks(), 8);
 /// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.max_held_locks(0).check().unwrap_err();
+/// assert!(err.to_string().contains("max_held_locks"));
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Clone)]
@@ -67,6 +74,8 @@ const OWN_PARAMS: &[&str] = &[
 pub struct PostgresOptions {
     pub(crate) connect: PgConnectOptions,
     pub(crate) endpoint: String,
+    // These four are stored as the setters got them, and checked by
+    // `check` before anything connects.
     pub(crate) names: Names,
     pub(crate) max_held_locks: usize,
     pub(crate) connect_timeout: Duration,
@@ -224,18 +233,18 @@ impl PostgresOptions {
             create_schema: true,
         };
         if let Some(n) = number("max_held_locks")? {
-            options = options.max_held_locks(usize::try_from(n).unwrap_or(usize::MAX))?;
+            options = options.max_held_locks(usize::try_from(n).unwrap_or(usize::MAX));
         }
         if let Some(ms) = number("connect_timeout_ms")? {
-            options = options.connect_timeout(Duration::from_millis(ms))?;
+            options = options.connect_timeout(Duration::from_millis(ms));
         }
         if let Some(ms) = number("response_timeout_ms")? {
-            options = options.response_timeout(Duration::from_millis(ms))?;
+            options = options.response_timeout(Duration::from_millis(ms));
         }
         let schema = own("schema").unwrap_or(options.names.schema());
         let table = own("table").unwrap_or(options.names.table_name());
         let sequence = own("sequence").unwrap_or(options.names.sequence_name());
-        options.names = Names::new(schema, table, sequence)?;
+        options.names = Names::unchecked(schema, table, sequence);
         if let Some(v) = own("create_schema") {
             options.create_schema = match v {
                 "true" | "1" | "on" => true,
@@ -247,6 +256,7 @@ impl PostgresOptions {
                 }
             };
         }
+        options.check()?;
         Ok(options)
     }
 
@@ -254,47 +264,61 @@ impl PostgresOptions {
     /// [`MAX_HELD_LOCKS`](Self::MAX_HELD_LOCKS). Each held lock (and each
     /// `acquire` waiting in the server) pins one connection; past the limit,
     /// `try_acquire` fails at once with [`Error::LimitReached`] and `acquire`
-    /// queues for a connection within its wait.
-    pub fn max_held_locks(mut self, max: usize) -> Result<Self> {
-        if !(1..=Self::MAX_HELD_LOCKS).contains(&max) {
-            return Err(Error::invalid(
-                "max_held_locks",
-                format!(
-                    "`max_held_locks` is {max}; it must be from 1 to {} (PostgreSQL's most connections, one per held lock)",
-                    Self::MAX_HELD_LOCKS
-                ),
-            ));
-        }
+    /// queues for a connection within its wait. `connect_with` refuses any
+    /// other value, naming `max_held_locks`.
+    pub fn max_held_locks(mut self, max: usize) -> Self {
         self.max_held_locks = max;
-        Ok(self)
+        self
     }
 
     /// Sets the time allowed to open a connection (URL option
-    /// `connect_timeout_ms`, default 5 s): at least 1 ms, or refused naming
-    /// `connect_timeout_ms`; a value past what the clock can count,
-    /// `Duration::MAX`, means no limit.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.connect_timeout = lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
-        Ok(self)
+    /// `connect_timeout_ms`, default 5 s): at least 1 ms, or `connect_with`
+    /// refuses it naming `connect_timeout_ms`; a value past what the clock
+    /// can count, `Duration::MAX`, means no limit.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 
     /// Sets the time allowed for one statement's reply, not for waiting on
     /// a lock (URL option `response_timeout_ms`, default 5 s): at least
-    /// 1 ms, or refused naming `response_timeout_ms`; a value past what the
-    /// clock can count, `Duration::MAX`, means no limit. It is also the
-    /// session's `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
-    pub fn response_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.response_timeout = lock_core::raw::validate::timeout("response_timeout_ms", timeout)?;
-        Ok(self)
+    /// 1 ms, or `connect_with` refuses it naming `response_timeout_ms`; a
+    /// value past what the clock can count, `Duration::MAX`, means no
+    /// limit. It is also the session's `lock_timeout`, which the server
+    /// caps at 2^31 - 1 ms (24.8 days).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
     }
 
     /// Sets the schema, table and sequence names (URL options `schema`,
-    /// `table`, `sequence`; default `lockkit`, `locks`, `fencing_tokens`). Each must
-    /// be a plain identifier: ASCII letters, digits and `_`, not starting
-    /// with a digit, at most 63 bytes, or it is refused, naming which.
-    pub fn names(mut self, schema: &str, table: &str, sequence: &str) -> Result<Self> {
-        self.names = Names::new(schema, table, sequence)?;
-        Ok(self)
+    /// `table`, `sequence`; default `lockkit`, `locks`, `fencing_tokens`).
+    /// Each must be a plain identifier: ASCII letters, digits and `_`, not
+    /// starting with a digit, at most 63 bytes, or `connect_with` refuses
+    /// it, naming which.
+    pub fn names(mut self, schema: &str, table: &str, sequence: &str) -> Self {
+        self.names = Names::unchecked(schema, table, sequence);
+        self
+    }
+
+    /// Checks every value as
+    /// [`PostgresBackend::connect_with`](crate::PostgresBackend::connect_with)
+    /// does before it connects, without connecting: the error names the URL
+    /// option (`max_held_locks`, `connect_timeout_ms`, `table`, ...).
+    pub fn check(&self) -> Result<()> {
+        if !(1..=Self::MAX_HELD_LOCKS).contains(&self.max_held_locks) {
+            return Err(Error::invalid(
+                "max_held_locks",
+                format!(
+                    "`max_held_locks` is {}; it must be from 1 to {} (PostgreSQL's most connections, one per held lock)",
+                    self.max_held_locks,
+                    Self::MAX_HELD_LOCKS
+                ),
+            ));
+        }
+        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
+        lock_core::raw::validate::timeout("response_timeout_ms", self.response_timeout)?;
+        self.names.check()
     }
 
     /// Whether `connect` creates the schema, table and sequence when they are
@@ -321,9 +345,12 @@ impl PostgresOptions {
     }
 
     /// The statements that create the schema, table and sequence for these
-    /// names; [`SCHEMA_SQL`](crate::SCHEMA_SQL) for the default names.
-    pub fn schema_sql(&self) -> String {
-        self.names.schema_sql()
+    /// names; [`SCHEMA_SQL`](crate::SCHEMA_SQL) for the default names. A
+    /// name that is not a plain identifier is refused, naming which, as
+    /// `connect_with` does.
+    pub fn schema_sql(&self) -> Result<String> {
+        self.names.check()?;
+        Ok(self.names.schema_sql())
     }
 }
 

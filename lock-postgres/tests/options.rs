@@ -66,10 +66,10 @@ async fn max_held_locks_past_the_limit_is_refused_by_name() {
         refused(&url, connected(PostgresOptions::from_url(&url)).await);
     }
     for n in [limit + 1, usize::MAX] {
-        let options = PostgresOptions::from_url(&url).and_then(|o| o.max_held_locks(n));
+        let options = PostgresOptions::from_url(&url).map(|o| o.max_held_locks(n));
         refused(&format!("max_held_locks({n})"), connected(options).await);
     }
-    let options = PostgresOptions::from_url(&url).and_then(|o| o.max_held_locks(limit));
+    let options = PostgresOptions::from_url(&url).map(|o| o.max_held_locks(limit));
     works(
         "the largest budget",
         connected(options).await.expect("connect"),
@@ -83,10 +83,10 @@ async fn the_longest_timeouts_mean_no_limit_without_a_panic() {
         return;
     };
     for d in [Duration::MAX, Duration::from_millis(u64::MAX)] {
-        let options = PostgresOptions::from_url(&url).and_then(|o| o.connect_timeout(d));
+        let options = PostgresOptions::from_url(&url).map(|o| o.connect_timeout(d));
         let what = format!("connect timeout {d:?}");
         works(&what, connected(options).await.expect(&what)).await;
-        let options = PostgresOptions::from_url(&url).and_then(|o| o.response_timeout(d));
+        let options = PostgresOptions::from_url(&url).map(|o| o.response_timeout(d));
         let what = format!("response timeout {d:?}");
         works(&what, connected(options).await.expect(&what)).await;
     }
@@ -130,11 +130,11 @@ async fn options_from_the_url_and_the_setters_connect() {
         return;
     };
     let options = PostgresOptions::from_url(&with(&url, "max_held_locks=8"))
-        .and_then(|o| o.max_held_locks(1))
-        .and_then(|o| o.connect_timeout(Duration::from_secs(5)))
-        .and_then(|o| o.response_timeout(Duration::from_secs(4)))
-        .map(|o| o.create_schema(true));
-    let options = options.expect("options");
+        .expect("options")
+        .max_held_locks(1)
+        .connect_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(4))
+        .create_schema(true);
     assert_eq!(options.get_max_held_locks(), 1);
     assert_eq!(options.get_response_timeout(), Duration::from_secs(4));
     let locker = Locker::new(connected(Ok(options)).await.expect("connect"));
@@ -151,19 +151,53 @@ async fn options_from_the_url_and_the_setters_connect() {
     locker.release(held).await.expect("release");
 }
 
-#[test]
-fn a_setters_bad_value_is_refused_naming_the_option() {
-    let options = || PostgresOptions::from_url("postgres://h/db").expect("a plain URL");
-    let named = |r: Result<PostgresOptions, Error>| match r {
-        Err(Error::InvalidInput { field, .. }) => field,
-        other => panic!("expected an input error, got {other:?}"),
-    };
+/// A closed port: connecting there fails at once as unavailable, so an
+/// input error shows that the check ran before any connection.
+const CLOSED: &str = "postgres://lockkit@127.0.0.1:1/db";
+
+#[tokio::test]
+async fn a_setters_bad_value_is_refused_by_connect_with_naming_the_option_before_connecting() {
+    let options = || PostgresOptions::from_url(CLOSED).expect("a plain URL");
     let zero = Duration::ZERO;
-    assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
-    assert_eq!(
-        named(options().response_timeout(zero)),
-        "response_timeout_ms"
+    for (option, bad) in [
+        ("connect_timeout_ms", options().connect_timeout(zero)),
+        ("response_timeout_ms", options().response_timeout(zero)),
+        ("max_held_locks", options().max_held_locks(0)),
+        ("table", options().names("s", "t-1", "q")),
+    ] {
+        let checked = bad.check();
+        assert!(
+            matches!(&checked, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "check: {checked:?}"
+        );
+        let connected = PostgresBackend::connect_with(bad).await;
+        assert!(
+            matches!(&connected, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "{option}: {connected:?}"
+        );
+    }
+    // The same URL with good values goes on to connect, and finds no server.
+    let connected = PostgresBackend::connect_with(options()).await;
+    assert!(
+        matches!(connected, Err(Error::Unavailable { .. })),
+        "{connected:?}"
     );
-    assert_eq!(named(options().max_held_locks(0)), "max_held_locks");
-    assert_eq!(named(options().names("s", "t-1", "q")), "table");
+}
+
+#[test]
+fn the_schema_sql_of_a_bad_name_is_refused_naming_it() {
+    let options = PostgresOptions::from_url(CLOSED).expect("a plain URL");
+    let sql = options.clone().names("app", "locks", "tokens").schema_sql();
+    assert!(sql.is_ok_and(|sql| sql.contains("\"app\".\"tokens\"")));
+    let refused = options.names("app", "locks", "tokens;drop").schema_sql();
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::InvalidInput {
+                field: "sequence",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
 }
