@@ -29,17 +29,25 @@ const OLD_RESPONSE_TIMEOUT: &str = "request_timeout_ms";
 ///
 /// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
 /// (each named after its URL option), then hand it to
-/// [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with):
+/// [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with). The
+/// setters only store their value (the TLS setters store file paths);
+/// `connect_with` checks the values and reads the files before it dials
+/// any member (as [`check`](Self::check) does, without connecting), and
+/// its error names the URL option:
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_etcd::EtcdOptions;
 ///
 /// let options = EtcdOptions::from_url("etcd://root:secret@10.0.0.1:2379,10.0.0.2:2379")?
-///     .response_timeout(Duration::from_secs(2))?
-///     .prefix("billing/")?;
+///     .response_timeout(Duration::from_secs(2))
+///     .prefix("billing/");
+/// options.check()?;
 /// assert_eq!(options.get_prefix(), "billing/");
 /// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.min_ttl(Duration::ZERO).check().unwrap_err();
+/// assert!(err.to_string().contains("min_ttl_s"));
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Clone)]
@@ -47,44 +55,39 @@ const OLD_RESPONSE_TIMEOUT: &str = "request_timeout_ms";
 pub struct EtcdOptions {
     /// The members (and the credentials the URL gives).
     pub(crate) url: ServerUrl,
+    // The next four are stored as the setters got them, and checked by
+    // `check` before anything connects.
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) prefix: String,
     pub(crate) min_ttl: Duration,
     pub(crate) user: Option<String>,
     pub(crate) password: Option<Secret>,
-    /// The CA to trust, read when set: a missing file is reported by
-    /// `from_url` or the setter, naming its option.
-    pub(crate) ca_file: Option<PemFile>,
-    /// The client certificate and its key, read when set.
-    pub(crate) client_cert: Option<(PemFile, PemFile)>,
-    /// Whether the URL is ambiguous: then file paths, which may hold a
-    /// piece of the password, are not shown either.
-    hidden: bool,
+    /// The path of the CA to trust, read when connecting.
+    pub(crate) ca_file: Option<String>,
+    /// The paths of the client certificate and its key, read when connecting.
+    pub(crate) client_cert: Option<(String, String)>,
 }
 
-/// A PEM file a TLS option names: its path, for `Debug`, and its contents.
-#[derive(Clone)]
-pub(crate) struct PemFile {
-    path: String,
+/// The PEM files the TLS options name, read.
+pub(crate) struct TlsFiles {
+    /// The CA to trust.
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    pub(crate) pem: Vec<u8>,
-}
-
-impl PemFile {
-    fn read(option: &'static str, path: impl Into<String>) -> Result<PemFile> {
-        let path = path.into();
-        let pem = lock_core::url::read_option_file(option, &path)?;
-        Ok(PemFile { path, pem })
-    }
+    pub(crate) ca: Vec<u8>,
+    /// The client certificate and its key.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for EtcdOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL prints without its passwords; the password is left out.
-        let path = |file: &PemFile| match self.hidden {
+        // When the URL is ambiguous, file paths, which may then hold a
+        // piece of the password, are not shown either.
+        let hidden = self.url.to_string().ends_with("://***");
+        let path = |path: &String| match hidden {
             true => "***".to_owned(),
-            false => file.path.clone(),
+            false => path.clone(),
         };
         f.debug_struct("EtcdOptions")
             .field("url", &self.url.to_string())
@@ -116,86 +119,69 @@ impl EtcdOptions {
     /// Reads an `etcd://host1:port1,host2:port2` URL: its members, the
     /// credentials of its first server, and the options of its query (see
     /// [`OPTIONS`] and the crate docs). An unknown option or a bad value is
-    /// refused, naming it (never showing the password).
+    /// refused, naming it (never showing the password). The files that
+    /// `ca_file`, `cert_file` and `key_file` name are read when connecting.
     pub fn from_url(url: &str) -> Result<EtcdOptions> {
         lock_core::url::hide_if_ambiguous(url, read(url))
     }
 
     /// How long connecting (and authenticating) may take (URL option
-    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or refused naming
-    /// `connect_timeout_ms`; `Duration::MAX` means no limit.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.connect_timeout = lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
-        Ok(self)
+    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or `connect_with`
+    /// refuses it naming `connect_timeout_ms`; `Duration::MAX` means no limit.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 
     /// How long one request may take before the cluster counts as
     /// unavailable for it (URL option `response_timeout_ms`, default 3 s).
     /// Without a quorum etcd does not answer writes at all, so this bounds
-    /// every operation. At least 1 ms, or refused naming
+    /// every operation. At least 1 ms, or `connect_with` refuses it naming
     /// `response_timeout_ms`; `Duration::MAX` means no limit.
-    pub fn response_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.response_timeout = lock_core::raw::validate::timeout("response_timeout_ms", timeout)?;
-        Ok(self)
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
     }
 
     /// Puts every lock under this key prefix (URL option `prefix`, default
-    /// `lockkit/`). Refused, naming `prefix`, when it holds a control
-    /// character.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
-        let prefix = prefix.into();
-        if prefix.chars().any(char::is_control) {
-            return Err(Error::invalid(
-                "prefix",
-                "the key prefix must be printable text",
-            ));
-        }
-        self.prefix = prefix;
-        Ok(self)
+    /// `lockkit/`). `connect_with` refuses it, naming `prefix`, when it
+    /// holds a control character.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
     }
 
     /// The shortest lease TTL the cluster grants (URL option `min_ttl_s`,
     /// default 2 s): etcd raises shorter ones to 1.5 × its election
     /// timeout, rounded up to whole seconds. TTLs below it are refused.
-    /// Whole seconds from 1 to 86400 (the longest TTL), or refused naming
-    /// `min_ttl_s`.
-    pub fn min_ttl(mut self, min_ttl: Duration) -> Result<Self> {
-        let longest = lock_core::raw::validate::MAX_TTL;
-        if min_ttl.is_zero() || min_ttl.subsec_nanos() != 0 || min_ttl > longest {
-            return Err(Error::invalid(
-                "min_ttl_s",
-                format!(
-                    "`min_ttl_s` is {min_ttl:?}; it must be a whole number of seconds from 1 to {} (the longest TTL)",
-                    longest.as_secs()
-                ),
-            ));
-        }
+    /// Whole seconds from 1 to 86400 (the longest TTL), or `connect_with`
+    /// refuses it naming `min_ttl_s`.
+    pub fn min_ttl(mut self, min_ttl: Duration) -> Self {
         self.min_ttl = min_ttl;
-        Ok(self)
+        self
     }
 
     /// Speaks TLS, trusting the CA in this PEM file (URL option `ca_file`),
-    /// read now. Refused, naming `ca_file`, when the file cannot be read or
-    /// lock-etcd was built without its `tls` cargo feature.
-    pub fn ca_file(mut self, path: impl Into<String>) -> Result<Self> {
-        refuse_tls_without_the_feature()?;
-        self.ca_file = Some(PemFile::read("ca_file", path)?);
-        Ok(self)
+    /// read when connecting. `connect_with` refuses it, naming `ca_file`,
+    /// when the file cannot be read or lock-etcd was built without its
+    /// `tls` cargo feature.
+    pub fn ca_file(mut self, path: impl Into<String>) -> Self {
+        self.ca_file = Some(path.into());
+        self
     }
 
     /// Presents the client certificate in `cert_file` (PEM), with its key
     /// in `key_file`, to members that ask for one (URL options `cert_file`
-    /// and `key_file`), both read now. Refused, naming the option, when a
-    /// file cannot be read. Needs TLS ([`ca_file`](Self::ca_file)).
+    /// and `key_file`), both read when connecting. `connect_with` refuses
+    /// them, naming the option, when a file cannot be read, or without TLS
+    /// ([`ca_file`](Self::ca_file)).
     pub fn client_certificate(
         mut self,
         cert_file: impl Into<String>,
         key_file: impl Into<String>,
-    ) -> Result<Self> {
-        let cert = PemFile::read("cert_file", cert_file)?;
-        let key = PemFile::read("key_file", key_file)?;
-        self.client_cert = Some((cert, key));
-        Ok(self)
+    ) -> Self {
+        self.client_cert = Some((cert_file.into(), key_file.into()));
+        self
     }
 
     /// Sets the credentials for etcd authentication (in the URL: the user
@@ -226,9 +212,58 @@ impl EtcdOptions {
         self.min_ttl
     }
 
-    /// Refuses combinations that cannot work, naming the option: each
-    /// setter has checked its own value already.
-    pub(crate) fn check(&self) -> Result<()> {
+    /// Checks every value and reads the TLS files, as
+    /// [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with) does
+    /// before it dials any member, without connecting: the error names the
+    /// URL option (`connect_timeout_ms`, `min_ttl_s`, `ca_file`, ...).
+    pub fn check(&self) -> Result<()> {
+        self.tls_files().map(drop)
+    }
+
+    /// The TLS files, read once every value is checked (`None` without
+    /// TLS). A file's path, which may hold a piece of the password when
+    /// the URL is ambiguous, is then not shown.
+    pub(crate) fn tls_files(&self) -> Result<Option<TlsFiles>> {
+        self.check_values()?;
+        let Some(ca) = &self.ca_file else {
+            return Ok(None);
+        };
+        let read = || {
+            let ca = lock_core::url::read_option_file("ca_file", ca)?;
+            let client = match &self.client_cert {
+                Some((cert, key)) => Some((
+                    lock_core::url::read_option_file("cert_file", cert)?,
+                    lock_core::url::read_option_file("key_file", key)?,
+                )),
+                None => None,
+            };
+            Ok(Some(TlsFiles { ca, client }))
+        };
+        self.url.hide_if_ambiguous(read())
+    }
+
+    /// Refuses a value out of range, or options that cannot work together,
+    /// naming the option; reads no file.
+    fn check_values(&self) -> Result<()> {
+        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
+        lock_core::raw::validate::timeout("response_timeout_ms", self.response_timeout)?;
+        if self.prefix.chars().any(char::is_control) {
+            return Err(Error::invalid(
+                "prefix",
+                "the key prefix must be printable text",
+            ));
+        }
+        let longest = lock_core::raw::validate::MAX_TTL;
+        let min_ttl = self.min_ttl;
+        if min_ttl.is_zero() || min_ttl.subsec_nanos() != 0 || min_ttl > longest {
+            return Err(Error::invalid(
+                "min_ttl_s",
+                format!(
+                    "`min_ttl_s` is {min_ttl:?}; it must be a whole number of seconds from 1 to {} (the longest TTL)",
+                    longest.as_secs()
+                ),
+            ));
+        }
         if self.password.is_some() && self.user.is_none() {
             return Err(Error::invalid(
                 "url",
@@ -241,18 +276,14 @@ impl EtcdOptions {
                 "a client certificate is for TLS, which `ca_file` turns on",
             ));
         }
+        if self.ca_file.is_some() && !cfg!(feature = "tls") {
+            return Err(Error::invalid(
+                "ca_file",
+                "TLS was asked for, but lock-etcd was built without its `tls` cargo feature",
+            ));
+        }
         Ok(())
     }
-}
-
-fn refuse_tls_without_the_feature() -> Result<()> {
-    if !cfg!(feature = "tls") {
-        return Err(Error::invalid(
-            "ca_file",
-            "TLS was asked for, but lock-etcd was built without its `tls` cargo feature",
-        ));
-    }
-    Ok(())
 }
 
 /// Reads an `etcd://` URL, refusing other schemes and unknown options.
@@ -277,54 +308,33 @@ fn read(url: &str) -> Result<EtcdOptions> {
     }
     url.refuse_unknown_options(&[OPTIONS])?;
     let first = url.servers.first();
-    let mut options = EtcdOptions {
-        connect_timeout: EtcdOptions::DEFAULT_CONNECT_TIMEOUT,
-        response_timeout: EtcdOptions::DEFAULT_RESPONSE_TIMEOUT,
-        prefix: EtcdOptions::DEFAULT_PREFIX.to_owned(),
-        min_ttl: EtcdOptions::DEFAULT_MIN_TTL,
-        user: first.and_then(|s| s.username.clone()),
-        password: first.and_then(|s| s.password.clone()),
-        ca_file: None,
-        client_cert: None,
-        hidden: url.to_string().ends_with("://***"),
-        url: url.clone(),
-    };
-    if let Some(t) = url.millis_param("connect_timeout_ms")? {
-        options = options.connect_timeout(t)?;
-    }
-    if let Some(t) = url.millis_param("response_timeout_ms")? {
-        options = options.response_timeout(t)?;
-    }
-    if let Some(p) = url.param("prefix") {
-        options = options.prefix(p)?;
-    }
-    if let Some(s) = url.param("min_ttl_s") {
-        let secs: u64 = s.parse().map_err(|_| {
+    let min_ttl = match url.param("min_ttl_s") {
+        None => EtcdOptions::DEFAULT_MIN_TTL,
+        Some(s) => Duration::from_secs(s.parse().map_err(|_| {
             Error::invalid(
                 "url",
                 format!(
                     "{url}: parameter `min_ttl_s` must be a whole number of seconds, got `{s}`"
                 ),
             )
-        })?;
-        options = options.min_ttl(Duration::from_secs(secs))?;
-    }
-    // The rules between options first: a certificate without TLS is
-    // refused as such, before any file is read.
-    let client_cert = url.client_cert_files()?;
-    if client_cert.is_some() && url.param("ca_file").is_none() {
-        return Err(Error::invalid(
-            "cert_file",
-            "a client certificate is for TLS, which `ca_file` turns on",
-        ));
-    }
-    if let Some(path) = url.param("ca_file") {
-        options = options.ca_file(path)?;
-    }
-    if let Some((cert, key)) = client_cert {
-        options = options.client_certificate(cert, key)?;
-    }
-    options.check()?;
+        })?),
+    };
+    let options = EtcdOptions {
+        connect_timeout: (url.millis_param("connect_timeout_ms")?)
+            .unwrap_or(EtcdOptions::DEFAULT_CONNECT_TIMEOUT),
+        response_timeout: (url.millis_param("response_timeout_ms")?)
+            .unwrap_or(EtcdOptions::DEFAULT_RESPONSE_TIMEOUT),
+        prefix: (url.param("prefix"))
+            .unwrap_or(EtcdOptions::DEFAULT_PREFIX)
+            .to_owned(),
+        min_ttl,
+        user: first.and_then(|s| s.username.clone()),
+        password: first.and_then(|s| s.password.clone()),
+        ca_file: url.param("ca_file").map(str::to_owned),
+        client_cert: (url.client_cert_files()?).map(|(c, k)| (c.to_owned(), k.to_owned())),
+        url: url.clone(),
+    };
+    options.check_values()?;
     Ok(options)
 }
 
@@ -373,6 +383,7 @@ mod tests {
             EtcdOptions::from_url("etcd://h")
                 .unwrap()
                 .min_ttl(Duration::from_secs(secs))
+                .check()
         };
         assert!(min_ttl(1).is_ok() && min_ttl(86_400).is_ok());
         for secs in [0, 86_401, u64::MAX] {
@@ -437,22 +448,28 @@ mod tests {
 
     #[test]
     fn a_tls_file_that_cannot_be_read_is_refused_naming_its_option() {
-        let named = |r: Result<EtcdOptions>| match r {
+        let named = |o: EtcdOptions| match o.check() {
             Err(Error::InvalidInput { field, .. }) => field,
             other => panic!("expected an input error, got {other:?}"),
         };
         let missing = "/nonexistent/ca.pem";
         let url = format!("etcd://h?ca_file={missing}");
-        assert_eq!(named(EtcdOptions::from_url(&url)), "ca_file");
-        let options = EtcdOptions::from_url("etcd://h").unwrap();
-        assert_eq!(named(options.clone().ca_file(missing)), "ca_file");
+        // Without the `tls` feature, `ca_file` is refused as soon as it is read.
+        let Ok(from_url) = EtcdOptions::from_url(&url) else {
+            assert!(!cfg!(feature = "tls"));
+            return;
+        };
+        assert_eq!(named(from_url), "ca_file");
         let file = std::env::current_exe().unwrap();
         let file = file.to_str().unwrap();
+        let options = EtcdOptions::from_url("etcd://h").unwrap();
+        assert_eq!(named(options.clone().ca_file(missing)), "ca_file");
+        let tls = options.ca_file(file);
         assert_eq!(
-            named(options.clone().client_certificate(missing, file)),
+            named(tls.clone().client_certificate(missing, file)),
             "cert_file"
         );
-        assert_eq!(named(options.client_certificate(file, missing)), "key_file");
+        assert_eq!(named(tls.client_certificate(file, missing)), "key_file");
     }
 
     #[test]

@@ -190,8 +190,12 @@ impl EtcdBackend {
     /// Connects with explicit options, read from a URL by
     /// [`EtcdOptions::from_url`] and adjusted in code.
     ///
-    /// Reads the member list, so an unreachable cluster or one without a
-    /// quorum is reported here as [`Error::Unavailable`].
+    /// The options' values are checked and their TLS files read first, as
+    /// [`EtcdOptions::check`] does: a bad value or a file that cannot be
+    /// read is refused with [`Error::InvalidInput`] naming its URL option,
+    /// before any member is dialled. Then reads the member list, so an
+    /// unreachable cluster or one without a quorum is reported here as
+    /// [`Error::Unavailable`].
     pub async fn connect_with(options: EtcdOptions) -> Result<EtcdBackend> {
         let connect = connect_options(&options)?;
         let endpoint = Endpoint(options.url.to_string());
@@ -517,12 +521,10 @@ impl EtcdBackend {
     }
 }
 
-/// Reads the URL over `options` into what connecting needs, its TLS files
-/// included, as [`lock_core::url::hide_if_ambiguous`] shows its errors.
-/// The client's settings for `options`: their cross-option rules checked
-/// (each setter checked its own value), the TLS files read.
+/// The client's settings for `options`: their values checked and the TLS
+/// files read, before anything connects.
 fn connect_options(options: &EtcdOptions) -> Result<ConnectOptions> {
-    options.check()?;
+    let tls = options.tls_files()?;
     let mut connect = ConnectOptions::new()
         .with_connect_timeout(options.connect_timeout)
         // A member without a leader answers at once with "no leader"
@@ -540,28 +542,27 @@ fn connect_options(options: &EtcdOptions) -> Result<ConnectOptions> {
         let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");
         connect = connect.with_user(user.as_str(), password);
     }
-    with_tls(connect, options)
+    Ok(match tls {
+        Some(files) => with_tls(connect, files),
+        None => connect,
+    })
 }
 
 #[cfg(feature = "tls")]
-fn with_tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOptions> {
-    let Some(ca) = &options.ca_file else {
-        return Ok(connect);
-    };
-    let mut tls = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(ca.pem.clone()));
-    if let Some((cert, key)) = &options.client_cert {
-        tls = tls.identity(etcd_client::Identity::from_pem(
-            cert.pem.clone(),
-            key.pem.clone(),
-        ));
+fn with_tls(connect: ConnectOptions, files: config::TlsFiles) -> ConnectOptions {
+    let mut tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(files.ca));
+    if let Some((cert, key)) = files.client {
+        tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
     }
-    Ok(connect.with_tls(tls))
+    connect.with_tls(tls)
 }
 
+/// Never reached: without the `tls` feature, TLS options are refused by
+/// the check that reads their files.
 #[cfg(not(feature = "tls"))]
-fn with_tls(connect: ConnectOptions, _options: &EtcdOptions) -> Result<ConnectOptions> {
-    Ok(connect)
+fn with_tls(connect: ConnectOptions, _files: config::TlsFiles) -> ConnectOptions {
+    connect
 }
 
 fn backend_error(message: &str) -> Error {

@@ -1,6 +1,7 @@
 //! Connection options at the ends of their range, on the shared cluster:
 //! each either works or is refused with an input error naming it, and
-//! nothing panics.
+//! nothing panics. A setter's value that cannot be taken is refused by
+//! `connect_with`, naming the option, before any member is dialled.
 
 use lock_core::Wait;
 use std::time::Duration;
@@ -58,10 +59,10 @@ async fn the_longest_timeouts_connect_or_are_refused_by_name_without_a_panic() {
     let options = || EtcdOptions::from_url(&url);
     let huge = [Duration::MAX, Duration::from_millis(u64::MAX)];
     for d in huge {
-        let connected = outcome(options().and_then(|o| o.connect_timeout(d))).await;
+        let connected = outcome(options().map(|o| o.connect_timeout(d))).await;
         let what = format!("connect_timeout {d:?}");
         works_or_names(&what, "connect_timeout_ms", connected).await;
-        let connected = outcome(options().and_then(|o| o.response_timeout(d))).await;
+        let connected = outcome(options().map(|o| o.response_timeout(d))).await;
         let what = format!("response_timeout {d:?}");
         works_or_names(&what, "response_timeout_ms", connected).await;
     }
@@ -81,11 +82,11 @@ async fn options_from_the_url_and_the_setters_connect() {
     };
     let prefix = unique_key("options-prefix/");
     let options = EtcdOptions::from_url(&format!("{url}?prefix=ignored/&min_ttl_s=3"))
-        .and_then(|o| o.connect_timeout(Duration::from_secs(5)))
-        .and_then(|o| o.response_timeout(Duration::from_secs(4)))
-        .and_then(|o| o.prefix(prefix.clone()))
-        .and_then(|o| o.min_ttl(Duration::from_secs(2)))
-        .expect("options");
+        .expect("options")
+        .connect_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(4))
+        .prefix(prefix.clone())
+        .min_ttl(Duration::from_secs(2));
     assert_eq!(options.get_prefix(), prefix);
     assert_eq!(options.get_response_timeout(), Duration::from_secs(4));
     let backend = outcome(Ok(options)).await.expect("connect");
@@ -120,27 +121,70 @@ async fn options_from_the_url_and_the_setters_connect() {
     locker.release(lease).await.expect("release");
 }
 
-/// A setter given a value it cannot take refuses it, naming the option.
-#[test]
-fn a_setters_bad_value_is_refused_naming_the_option() {
-    let options = || EtcdOptions::from_url("etcd://127.0.0.1:2379").expect("a plain URL");
-    let named = |r: Result<EtcdOptions, Error>| match r {
-        Err(Error::InvalidInput { field, .. }) => field,
-        other => panic!("expected an input error, got {other:?}"),
-    };
-    assert_eq!(
-        named(options().connect_timeout(Duration::ZERO)),
-        "connect_timeout_ms"
+/// A closed port: dialling it fails at once as unavailable, so an input
+/// error shows that the check ran before any member was dialled.
+const CLOSED: &str = "etcd://127.0.0.1:1";
+
+#[tokio::test]
+async fn a_setters_bad_value_is_refused_by_connect_with_naming_the_option_before_connecting() {
+    let options = || EtcdOptions::from_url(CLOSED).expect("a plain URL");
+    let zero = Duration::ZERO;
+    let missing = "/nonexistent/lockkit/ca.pem";
+    let file = std::env::current_exe().expect("this test's own file");
+    let file = file.to_str().expect("a UTF-8 path");
+    let mut cases = vec![
+        ("connect_timeout_ms", options().connect_timeout(zero)),
+        ("response_timeout_ms", options().response_timeout(zero)),
+        ("prefix", options().prefix("a\nb")),
+        ("min_ttl_s", options().min_ttl(Duration::from_millis(1500))),
+        ("ca_file", options().ca_file(missing)),
+        ("cert_file", options().client_certificate(file, file)),
+    ];
+    if cfg!(feature = "tls") {
+        let tls = || options().ca_file(file);
+        cases.push(("cert_file", tls().client_certificate(missing, file)));
+        cases.push(("key_file", tls().client_certificate(file, missing)));
+    }
+    for (option, bad) in cases {
+        let checked = bad.check();
+        assert!(
+            matches!(&checked, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "check: {checked:?}"
+        );
+        let connected = outcome(Ok(bad)).await;
+        assert!(
+            matches!(&connected, Err(Error::InvalidInput { field, .. }) if *field == option),
+            "{option}: {connected:?}"
+        );
+    }
+    // The same URL with good values goes on to dial, and finds no member.
+    let connected = outcome(Ok(options())).await;
+    assert!(
+        matches!(connected, Err(Error::Unavailable { .. })),
+        "{connected:?}"
     );
-    assert_eq!(
-        named(options().response_timeout(Duration::ZERO)),
-        "response_timeout_ms"
-    );
-    assert_eq!(named(options().prefix("a\nb")), "prefix");
-    assert_eq!(
-        named(options().min_ttl(Duration::from_millis(1500))),
-        "min_ttl_s"
-    );
+}
+
+/// A TLS file the URL names is read when connecting; when the URL is
+/// ambiguous (its path may hold a piece of the password), the refusal
+/// names the option but not the path.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn an_unreadable_file_of_an_ambiguous_url_is_refused_without_its_path() {
+    // `@` after the servers: the URL is ambiguous, so nothing of it is shown.
+    let url = "etcd://u:pw@127.0.0.1:1?ca_file=/nonexistent/a@corp/ca.pem";
+    let options = EtcdOptions::from_url(url).expect("read; its file is not read yet");
+    let connected = outcome(Ok(options)).await;
+    match connected {
+        Err(Error::InvalidInput {
+            field: "ca_file",
+            problem,
+        }) => assert!(
+            !problem.contains("corp") && !problem.contains("pw"),
+            "{problem}"
+        ),
+        other => panic!("expected an input error naming ca_file, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,8 +204,7 @@ async fn a_minimum_ttl_beyond_the_longest_ttl_is_refused_by_name() {
         ),
         "{connected:?}"
     );
-    let options =
-        EtcdOptions::from_url(&url).and_then(|o| o.min_ttl(Duration::from_secs(u64::MAX)));
+    let options = EtcdOptions::from_url(&url).map(|o| o.min_ttl(Duration::from_secs(u64::MAX)));
     let connected = outcome(options).await;
     assert!(
         matches!(
