@@ -167,9 +167,10 @@ impl Entry {
 
 impl EtcdBackend {
     /// Checks a URL as [`connect`](Self::connect) reads it, without
-    /// connecting: a malformed URL or an unknown option is refused the same.
+    /// connecting: a malformed URL, an unknown option or a TLS file that
+    /// cannot be read is refused the same.
     pub fn check_url(url: &str) -> Result<()> {
-        EtcdOptions::from_url(url).map(drop)
+        EtcdOptions::from_url(url)?.check()
     }
 
     /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`
