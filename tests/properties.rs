@@ -56,7 +56,7 @@ fn schemes() -> Vec<(&'static str, &'static [&'static str])> {
         "etcd",
         &[
             "connect_timeout_ms",
-            "request_timeout_ms",
+            "response_timeout_ms",
             "prefix",
             "min_ttl_s",
         ],

@@ -10,10 +10,12 @@ use lock_redlock::{RedlockBackend, RedlockOptions};
 async fn fixture() -> Option<Fixture> {
     let url = server_url("LOCKKIT_REDLOCK_URL")?;
     // A loaded test machine can stall a reply past the 50 ms default.
-    let options = RedlockOptions::default().node_timeout(Duration::from_millis(500));
+    let options = RedlockOptions::from_url(&url)
+        .expect("the URL of the shared nodes")
+        .node_timeout(Duration::from_millis(500));
     let connect = || async {
         Locker::new(
-            RedlockBackend::connect_with(&url, options)
+            RedlockBackend::connect_with(options.clone())
                 .await
                 .expect("connect"),
         )

@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Where a backend's server-side figures come from.
 pub enum Counter {
@@ -208,21 +207,10 @@ fn field(text: &str, name: &str) -> Option<u64> {
         .ok()
 }
 
-/// A plain HTTP/1.0 GET on loopback (etcd's metrics and version endpoints).
+/// A plain HTTP GET on loopback (etcd's metrics and version endpoints);
+/// `None` when the server does not answer (within 5 s) or refuses.
 pub async fn http_get(host_port: &str, path: &str) -> Option<String> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(host_port).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host_port}\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut body = Vec::new();
-        s.read_to_end(&mut body).await.ok()?;
-        let text = String::from_utf8_lossy(&body).into_owned();
-        text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .ok()?
+    lock_testkit::http::get(host_port, path).await.ok()
 }
 
 /// The `host:port` list of a multi-host URL (`scheme://[user@]h1:p1,h2:p2/...`).

@@ -161,12 +161,12 @@ pub async fn crowd(
     for task in tasks {
         let _ = task.await;
     }
-    let mut gaps = std::mem::take(&mut shared.last_release.lock().await.1);
+    let gaps = std::mem::take(&mut shared.last_release.lock().await.1);
     let total: u64 = Counter::delta(&before, &after).values().sum();
     outcome.handoffs = in_time;
     outcome.took_s = took.as_secs_f64();
     outcome.handoffs_per_s = in_time as f64 / took.as_secs_f64().max(1e-9);
-    outcome.handoff = Latency::of(&mut gaps).0;
+    outcome.handoff = Latency::of(&gaps).0;
     outcome.commands_per_handoff =
         (counter.counts() && counted > 0 && total > 0).then(|| total as f64 / counted as f64);
     outcome.errors = shared.errors.load(Ordering::Relaxed);

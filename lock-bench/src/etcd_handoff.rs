@@ -174,10 +174,10 @@ pub async fn floor(
     for h in &handles {
         h.abort();
     }
-    let mut gaps = ended?;
+    let gaps = ended?;
     let seconds = started.elapsed().as_secs_f64();
     let per_s = gaps.len() as f64 / seconds;
-    let (latency, curve) = Latency::of(&mut gaps);
+    let (latency, curve) = Latency::of(&gaps);
     Ok((latency, curve, per_s))
 }
 

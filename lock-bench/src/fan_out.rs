@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::stats::{nanos, quantile};
+use crate::stats::{histogram, nanos, quantile_us};
 
 /// One round to one node against one round to all nodes.
 #[derive(Debug, Clone, Serialize)]
@@ -107,10 +107,7 @@ pub async fn floor(single: &str, nodes: &[String], rounds: usize) -> Result<FanO
             script_majority_ns.push(nanos(d.majority));
         }
     }
-    let p50 = |mut ns: Vec<u64>| {
-        ns.sort_unstable();
-        quantile(&ns, 0.5)
-    };
+    let p50 = |ns: Vec<u64>| quantile_us(&histogram(&ns), 0.5);
     Ok(FanOutFloor {
         nodes: nodes.len(),
         rounds,

@@ -150,7 +150,7 @@ impl MemoryBackend {
     /// stops refreshing (a leaked wait) holds the line up that long at most.
     /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
     pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
-        self.waiter_lease = crate::raw::waiter_lease(lease)?;
+        self.waiter_lease = crate::raw::waiter_lease("waiter_lease", lease)?;
         self.capabilities = Arc::new(Self::capabilities_with(lease));
         Ok(self)
     }

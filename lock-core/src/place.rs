@@ -19,21 +19,22 @@ const MIN_WAITER_LEASE: Duration = Duration::from_millis(30);
 const MAX_WAITER_LEASE: Duration = Duration::from_secs(60);
 
 /// Checks a waiter lease (a backend option, `waiter_lease_ms` in URLs):
-/// whole milliseconds from 30 ms to 60 s.
-pub fn waiter_lease(lease: Duration) -> Result<Duration> {
+/// whole milliseconds from 30 ms to 60 s. An error names `option`, the
+/// name the caller's user knows the setting by.
+pub fn waiter_lease(option: &'static str, lease: Duration) -> Result<Duration> {
     if lease < MIN_WAITER_LEASE || lease > MAX_WAITER_LEASE {
         return Err(Error::invalid(
-            "waiter_lease",
+            option,
             format!(
-                "waiter lease is {lease:?}; it must be from {MIN_WAITER_LEASE:?} to {MAX_WAITER_LEASE:?} \
+                "`{option}` is {lease:?}; the waiter lease must be from {MIN_WAITER_LEASE:?} to {MAX_WAITER_LEASE:?} \
                  (a dead waiter at the head of the line stalls the others for about this long)"
             ),
         ));
     }
     if !lease.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(Error::invalid(
-            "waiter_lease",
-            format!("waiter lease is {lease:?}; it must be whole milliseconds"),
+            option,
+            format!("`{option}` is {lease:?}; the waiter lease must be whole milliseconds"),
         ));
     }
     Ok(lease)
@@ -101,14 +102,14 @@ mod tests {
             Duration::from_secs(3600),
             Duration::from_micros(100_500),
         ] {
-            let err = waiter_lease(bad).unwrap_err();
+            let err = waiter_lease("waiter_lease_ms", bad).unwrap_err();
             assert!(
-                err.is_invalid_input() && err.to_string().contains("waiter_lease"),
+                matches!(&err, Error::InvalidInput { field: "waiter_lease_ms", problem } if problem.contains("`waiter_lease_ms`")),
                 "{err}"
             );
         }
         assert_eq!(
-            waiter_lease(DEFAULT_WAITER_LEASE).unwrap(),
+            waiter_lease("waiter_lease_ms", DEFAULT_WAITER_LEASE).unwrap(),
             DEFAULT_WAITER_LEASE
         );
     }

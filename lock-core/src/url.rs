@@ -354,17 +354,38 @@ pub fn is_ambiguous(url: &str) -> bool {
 pub fn hide_if_ambiguous<T>(url: &str, read: Result<T>) -> Result<T> {
     match read {
         Err(Error::InvalidInput { field, .. }) if is_ambiguous(url) => {
-            let what = match field {
-                "url" => "the URL is refused".to_owned(),
-                option => format!("option `{option}` is refused"),
-            };
-            Err(Error::invalid(
-                field,
-                format!("{}: {what}; why is not shown: {AMBIGUOUS}", redact(url)),
-            ))
+            Err(hidden_input_error(&redact(url), field))
         }
         other => other,
     }
+}
+
+impl ServerUrl {
+    /// `checked`, the outcome of checking options read from this URL
+    /// (after [`hide_if_ambiguous`], at connect: a file an option names
+    /// that cannot be read), with the text of an input error replaced as
+    /// [`hide_if_ambiguous`] replaces it when the URL is ambiguous.
+    pub fn hide_if_ambiguous<T>(&self, checked: Result<T>) -> Result<T> {
+        match checked {
+            // Shown as `scheme://***`, as `redact` shows an ambiguous URL.
+            Err(Error::InvalidInput { field, .. }) if self.hidden => {
+                Err(hidden_input_error(&self.to_string(), field))
+            }
+            other => other,
+        }
+    }
+}
+
+/// The input error about `field` of an ambiguous URL, shown as `shown`.
+fn hidden_input_error(shown: &str, field: &'static str) -> Error {
+    let what = match field {
+        "url" => "the URL is refused".to_owned(),
+        option => format!("option `{option}` is refused"),
+    };
+    Error::invalid(
+        field,
+        format!("{shown}: {what}; why is not shown: {AMBIGUOUS}"),
+    )
 }
 
 /// The input of a URL that failed to parse, for its error: redacted, and

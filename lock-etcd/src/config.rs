@@ -17,94 +17,164 @@ pub const OPTIONS: &[&str] = &[
     "key_file",
     "min_ttl_s",
     "prefix",
-    "request_timeout_ms",
+    "response_timeout_ms",
 ];
 
-/// How an [`EtcdBackend`](crate::EtcdBackend) talks to the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The URL option's name before it took the other backends' word; named in
+/// its refusal, so that an old URL is told what to write instead.
+const OLD_RESPONSE_TIMEOUT: &str = "request_timeout_ms";
+
+/// How an [`EtcdBackend`](crate::EtcdBackend) talks to the cluster: what
+/// the URL says, adjustable in code.
+///
+/// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
+/// (each named after its URL option), then hand it to
+/// [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with). The
+/// setters only store their value (the TLS setters store file paths);
+/// `connect_with` checks the values and reads the files before it dials
+/// any member (as [`check`](Self::check) does, without connecting), and
+/// its error names the URL option:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_etcd::EtcdOptions;
+///
+/// let options = EtcdOptions::from_url("etcd://root:secret@10.0.0.1:2379,10.0.0.2:2379")?
+///     .response_timeout(Duration::from_secs(2))
+///     .prefix("billing/");
+/// options.check()?;
+/// assert_eq!(options.get_prefix(), "billing/");
+/// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.min_ttl(Duration::ZERO).check().unwrap_err();
+/// assert!(err.to_string().contains("min_ttl_s"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct EtcdOptions {
-    /// How long connecting (and authenticating) may take, at least 1 ms; a
-    /// value past what the clock can count (`Duration::MAX`) means no limit.
-    /// URL: `connect_timeout_ms`. Default 3 s.
-    pub connect_timeout: Duration,
-    /// How long one request may take before the cluster counts as
-    /// unavailable for it. Without a quorum etcd does not answer writes at
-    /// all, so this bounds every operation. At least 1 ms; a value past
-    /// what the clock can count means no limit. URL: `request_timeout_ms`.
-    /// Default 3 s.
-    pub request_timeout: Duration,
-    /// Every lock lives under this key prefix. URL: `prefix`. Default
-    /// `lockkit/`.
-    pub prefix: String,
-    /// The shortest lease TTL the cluster grants: etcd raises shorter ones to
-    /// 1.5 × its election timeout, rounded up to whole seconds (2 s with the
-    /// default 1 s election timeout). TTLs below it are refused. Whole
-    /// seconds from 1 to 86400 (the longest TTL). URL: `min_ttl_s`. Default 2 s.
-    pub min_ttl: Duration,
-    /// User name for etcd authentication. URL: the user info of the first
-    /// server (`etcd://user:password@host:2379,...`).
-    pub user: Option<String>,
-    /// Password for etcd authentication.
-    pub password: Option<Secret>,
-    /// PEM file with the CA that signed the members' certificates: speaks
-    /// TLS to the members (cargo feature `tls`; no system roots are compiled
-    /// in). URL: `ca_file=/path/ca.pem`.
-    pub ca_file: Option<String>,
-    /// PEM files of the client certificate and its key, for members that
-    /// ask clients for one (`--client-cert-auth`). URL: `cert_file=` and
-    /// `key_file=`, both, with `ca_file`.
-    pub client_cert: Option<(String, String)>,
+    /// The members (and the credentials the URL gives).
+    pub(crate) url: ServerUrl,
+    // The next four are stored as the setters got them, and checked by
+    // `check` before anything connects.
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) prefix: String,
+    pub(crate) min_ttl: Duration,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<Secret>,
+    /// The path of the CA to trust, read when connecting.
+    pub(crate) ca_file: Option<String>,
+    /// The paths of the client certificate and its key, read when connecting.
+    pub(crate) client_cert: Option<(String, String)>,
 }
 
-impl Default for EtcdOptions {
-    fn default() -> Self {
-        EtcdOptions {
-            connect_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(3),
-            prefix: "lockkit/".to_owned(),
-            min_ttl: Duration::from_secs(2),
-            user: None,
-            password: None,
-            ca_file: None,
-            client_cert: None,
-        }
+/// The PEM files the TLS options name, read.
+pub(crate) struct TlsFiles {
+    /// The CA to trust.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) ca: Vec<u8>,
+    /// The client certificate and its key.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL prints without its passwords; the password is left out.
+        // When the URL is ambiguous, file paths, which may then hold a
+        // piece of the password, are not shown either.
+        let hidden = self.url.to_string().ends_with("://***");
+        let path = |path: &String| match hidden {
+            true => "***".to_owned(),
+            false => path.clone(),
+        };
+        f.debug_struct("EtcdOptions")
+            .field("url", &self.url.to_string())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("prefix", &self.prefix)
+            .field("min_ttl", &self.min_ttl)
+            .field("user", &self.user)
+            .field("ca_file", &self.ca_file.as_ref().map(path))
+            .field(
+                "client_cert",
+                &(self.client_cert.as_ref()).map(|(c, k)| (path(c), path(k))),
+            )
+            .finish_non_exhaustive()
     }
 }
 
 impl EtcdOptions {
-    /// Sets the connect timeout.
+    /// Default time allowed to connect (and authenticate).
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+    /// Default time allowed for one request.
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+    /// Default key prefix under which locks live.
+    pub const DEFAULT_PREFIX: &str = "lockkit/";
+    /// Default shortest lease TTL the cluster grants: 1.5 × etcd's default
+    /// election timeout (1 s), rounded up to whole seconds.
+    pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(2);
+
+    /// Reads an `etcd://host1:port1,host2:port2` URL: its members, the
+    /// credentials of its first server, and the options of its query (see
+    /// [`OPTIONS`] and the crate docs). An unknown option or a bad value is
+    /// refused, naming it (never showing the password). The files that
+    /// `ca_file`, `cert_file` and `key_file` name are read when connecting.
+    pub fn from_url(url: &str) -> Result<EtcdOptions> {
+        lock_core::url::hide_if_ambiguous(url, read(url))
+    }
+
+    /// How long connecting (and authenticating) may take (URL option
+    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or `connect_with`
+    /// refuses it naming `connect_timeout_ms`; `Duration::MAX` means no limit.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// Sets the per-request timeout.
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
+    /// How long one request may take before the cluster counts as
+    /// unavailable for it (URL option `response_timeout_ms`, default 3 s).
+    /// Without a quorum etcd does not answer writes at all, so this bounds
+    /// every operation. At least 1 ms, or `connect_with` refuses it naming
+    /// `response_timeout_ms`; `Duration::MAX` means no limit.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
         self
     }
 
-    /// Sets the key prefix under which locks live.
+    /// Puts every lock under this key prefix (URL option `prefix`, default
+    /// `lockkit/`). `connect_with` refuses it, naming `prefix`, when it
+    /// holds a control character.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
-    /// Sets the shortest TTL the cluster grants (whole seconds).
+    /// The shortest lease TTL the cluster grants (URL option `min_ttl_s`,
+    /// default 2 s): etcd raises shorter ones to 1.5 × its election
+    /// timeout, rounded up to whole seconds. TTLs below it are refused.
+    /// Whole seconds from 1 to 86400 (the longest TTL), or `connect_with`
+    /// refuses it naming `min_ttl_s`.
     pub fn min_ttl(mut self, min_ttl: Duration) -> Self {
         self.min_ttl = min_ttl;
         self
     }
 
-    /// Speaks TLS, trusting the CA in this PEM file (cargo feature `tls`).
+    /// Speaks TLS, trusting the CA in this PEM file (URL option `ca_file`),
+    /// read when connecting. `connect_with` refuses it, naming `ca_file`,
+    /// when the file cannot be read or lock-etcd was built without its
+    /// `tls` cargo feature.
     pub fn ca_file(mut self, path: impl Into<String>) -> Self {
         self.ca_file = Some(path.into());
         self
     }
 
     /// Presents the client certificate in `cert_file` (PEM), with its key
-    /// in `key_file`, to members that ask for one. Needs TLS (`ca_file`).
+    /// in `key_file`, to members that ask for one (URL options `cert_file`
+    /// and `key_file`), both read when connecting. `connect_with` refuses
+    /// them, naming the option, when a file cannot be read, or without TLS
+    /// ([`ca_file`](Self::ca_file)).
     pub fn client_certificate(
         mut self,
         cert_file: impl Into<String>,
@@ -114,73 +184,84 @@ impl EtcdOptions {
         self
     }
 
-    /// Sets the credentials for etcd authentication.
+    /// Sets the credentials for etcd authentication (in the URL: the user
+    /// info of the first server, `etcd://user:password@host:2379,...`).
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
         self.password = Some(Secret::new(password));
         self
     }
 
-    /// These options with any the URL sets instead. An option not in
-    /// [`OPTIONS`] is refused, naming it.
-    pub fn from_url(mut self, url: &ServerUrl) -> Result<Self> {
-        url.refuse_unknown_options(&[OPTIONS])?;
-        if let Some(t) = url.millis_param("connect_timeout_ms")? {
-            self.connect_timeout = t;
-        }
-        if let Some(t) = url.millis_param("request_timeout_ms")? {
-            self.request_timeout = t;
-        }
-        if let Some(p) = url.param("prefix") {
-            self.prefix = p.to_owned();
-        }
-        if let Some(s) = url.param("min_ttl_s") {
-            let secs: u64 = s.parse().map_err(|_| {
-                Error::invalid(
-                    "url",
-                    format!(
-                        "{url}: parameter `min_ttl_s` must be a whole number of seconds, got `{s}`"
-                    ),
-                )
-            })?;
-            self.min_ttl = Duration::from_secs(secs);
-        }
-        if let Some(ca) = url.param("ca_file") {
-            self.ca_file = Some(ca.to_owned());
-        }
-        if let Some((cert, key)) = url.client_cert_files()? {
-            self.client_cert = Some((cert.to_owned(), key.to_owned()));
-        }
-        if let Some(first) = url.servers.first() {
-            if first.username.is_some() {
-                self.user = first.username.clone();
-            }
-            if first.password.is_some() {
-                self.password = first.password.clone();
-            }
-        }
-        Ok(self)
+    /// How long connecting may take.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
     }
 
-    /// Refuses values that cannot work, naming the option and the limit.
-    pub(crate) fn check(&self) -> Result<()> {
+    /// How long one request may take.
+    pub fn get_response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
+    /// The key prefix under which locks live.
+    pub fn get_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The shortest lease TTL the cluster grants.
+    pub fn get_min_ttl(&self) -> Duration {
+        self.min_ttl
+    }
+
+    /// Checks every value and reads the TLS files, as
+    /// [`EtcdBackend::connect_with`](crate::EtcdBackend::connect_with) does
+    /// before it dials any member, without connecting: the error names the
+    /// URL option (`connect_timeout_ms`, `min_ttl_s`, `ca_file`, ...).
+    pub fn check(&self) -> Result<()> {
+        self.tls_files().map(drop)
+    }
+
+    /// The TLS files, read once every value is checked (`None` without
+    /// TLS). A file's path, which may hold a piece of the password when
+    /// the URL is ambiguous, is then not shown.
+    pub(crate) fn tls_files(&self) -> Result<Option<TlsFiles>> {
+        self.check_values()?;
+        let Some(ca) = &self.ca_file else {
+            return Ok(None);
+        };
+        let read = || {
+            let ca = lock_core::url::read_option_file("ca_file", ca)?;
+            let client = match &self.client_cert {
+                Some((cert, key)) => Some((
+                    lock_core::url::read_option_file("cert_file", cert)?,
+                    lock_core::url::read_option_file("key_file", key)?,
+                )),
+                None => None,
+            };
+            Ok(Some(TlsFiles { ca, client }))
+        };
+        self.url.hide_if_ambiguous(read())
+    }
+
+    /// Refuses a value out of range, or options that cannot work together,
+    /// naming the option; reads no file.
+    fn check_values(&self) -> Result<()> {
         lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
-        lock_core::raw::validate::timeout("request_timeout_ms", self.request_timeout)?;
-        let longest = lock_core::raw::validate::MAX_TTL;
-        if self.min_ttl.is_zero() || self.min_ttl.subsec_nanos() != 0 || self.min_ttl > longest {
-            return Err(Error::invalid(
-                "min_ttl_s",
-                format!(
-                    "`min_ttl_s` is {:?}; it must be a whole number of seconds from 1 to {} (the longest TTL)",
-                    self.min_ttl,
-                    longest.as_secs()
-                ),
-            ));
-        }
+        lock_core::raw::validate::timeout("response_timeout_ms", self.response_timeout)?;
         if self.prefix.chars().any(char::is_control) {
             return Err(Error::invalid(
                 "prefix",
                 "the key prefix must be printable text",
+            ));
+        }
+        let longest = lock_core::raw::validate::MAX_TTL;
+        let min_ttl = self.min_ttl;
+        if min_ttl.is_zero() || min_ttl.subsec_nanos() != 0 || min_ttl > longest {
+            return Err(Error::invalid(
+                "min_ttl_s",
+                format!(
+                    "`min_ttl_s` is {min_ttl:?}; it must be a whole number of seconds from 1 to {} (the longest TTL)",
+                    longest.as_secs()
+                ),
             ));
         }
         if self.password.is_some() && self.user.is_none() {
@@ -205,19 +286,56 @@ impl EtcdOptions {
     }
 }
 
-/// Parses an `etcd://` URL, refusing other schemes.
-pub(crate) fn parse(url: &str) -> Result<ServerUrl> {
-    let parsed = ServerUrl::parse(url)?;
-    if !crate::SCHEMES.contains(&parsed.scheme.as_str()) {
+/// Reads an `etcd://` URL, refusing other schemes and unknown options.
+fn read(url: &str) -> Result<EtcdOptions> {
+    let url = ServerUrl::parse(url)?;
+    if !crate::SCHEMES.contains(&url.scheme.as_str()) {
         return Err(Error::invalid(
             "url",
             format!(
-                "{parsed}: scheme `{}` is not served by the etcd backend (use etcd://)",
-                parsed.scheme
+                "{url}: scheme `{}` is not served by the etcd backend (use etcd://)",
+                url.scheme
             ),
         ));
     }
-    Ok(parsed)
+    if url.param(OLD_RESPONSE_TIMEOUT).is_some() {
+        return Err(Error::invalid(
+            "url",
+            format!(
+                "{url}: `{OLD_RESPONSE_TIMEOUT}` is now `response_timeout_ms`, as on the other backends"
+            ),
+        ));
+    }
+    url.refuse_unknown_options(&[OPTIONS])?;
+    let first = url.servers.first();
+    let min_ttl = match url.param("min_ttl_s") {
+        None => EtcdOptions::DEFAULT_MIN_TTL,
+        Some(s) => Duration::from_secs(s.parse().map_err(|_| {
+            Error::invalid(
+                "url",
+                format!(
+                    "{url}: parameter `min_ttl_s` must be a whole number of seconds, got `{s}`"
+                ),
+            )
+        })?),
+    };
+    let options = EtcdOptions {
+        connect_timeout: (url.millis_param("connect_timeout_ms")?)
+            .unwrap_or(EtcdOptions::DEFAULT_CONNECT_TIMEOUT),
+        response_timeout: (url.millis_param("response_timeout_ms")?)
+            .unwrap_or(EtcdOptions::DEFAULT_RESPONSE_TIMEOUT),
+        prefix: (url.param("prefix"))
+            .unwrap_or(EtcdOptions::DEFAULT_PREFIX)
+            .to_owned(),
+        min_ttl,
+        user: first.and_then(|s| s.username.clone()),
+        password: first.and_then(|s| s.password.clone()),
+        ca_file: url.param("ca_file").map(str::to_owned),
+        client_cert: (url.client_cert_files()?).map(|(c, k)| (c.to_owned(), k.to_owned())),
+        url: url.clone(),
+    };
+    options.check_values()?;
+    Ok(options)
 }
 
 /// The gRPC endpoints of the URL's servers, `http://host:port` (or `https://`).
@@ -235,35 +353,35 @@ mod tests {
 
     #[test]
     fn url_sets_endpoints_timeouts_and_credentials() {
-        let url = parse("etcd://root:pw@10.0.0.1:12379,10.0.0.2?request_timeout_ms=250&connect_timeout_ms=100&prefix=app/locks/&min_ttl_s=3").unwrap();
-        let o = EtcdOptions::default().from_url(&url).unwrap();
+        let o = EtcdOptions::from_url("etcd://root:pw@10.0.0.1:12379,10.0.0.2?response_timeout_ms=250&connect_timeout_ms=100&prefix=app/locks/&min_ttl_s=3").unwrap();
         assert_eq!(
-            endpoints(&url, false),
+            endpoints(&o.url, false),
             ["http://10.0.0.1:12379", "http://10.0.0.2:2379"]
         );
-        assert_eq!(o.request_timeout, Duration::from_millis(250));
+        assert_eq!(o.response_timeout, Duration::from_millis(250));
         assert_eq!(o.connect_timeout, Duration::from_millis(100));
         assert_eq!(o.prefix, "app/locks/");
         assert_eq!(o.min_ttl, Duration::from_secs(3));
         assert_eq!(o.user.as_deref(), Some("root"));
         assert_eq!(o.password.as_ref().map(Secret::expose), Some("pw"));
-        assert!(o.check().is_ok());
+        let shown = format!("{o:?}");
+        assert!(
+            !shown.contains("pw") && shown.contains("10.0.0.1"),
+            "{shown}"
+        );
     }
 
     #[test]
     fn bad_options_are_refused_with_their_name() {
-        let err = parse("redis://h:1").unwrap_err().to_string();
+        let err = EtcdOptions::from_url("redis://h:1")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("etcd://"), "{err}");
-        let url = parse("etcd://h?min_ttl_s=1.5").unwrap();
-        assert!(
-            EtcdOptions::default()
-                .from_url(&url)
-                .unwrap_err()
-                .to_string()
-                .contains("min_ttl_s")
-        );
+        let err = EtcdOptions::from_url("etcd://h?min_ttl_s=1.5").unwrap_err();
+        assert!(err.to_string().contains("min_ttl_s"), "{err}");
         let min_ttl = |secs: u64| {
-            EtcdOptions::default()
+            EtcdOptions::from_url("etcd://h")
+                .unwrap()
                 .min_ttl(Duration::from_secs(secs))
                 .check()
         };
@@ -275,38 +393,36 @@ mod tests {
                 "{err}"
             );
         }
-        let url = parse("etcd://h?request_timeout_ms=0").unwrap();
-        let err = EtcdOptions::default()
-            .from_url(&url)
-            .unwrap()
-            .check()
+        let err = EtcdOptions::from_url("etcd://h?response_timeout_ms=0").unwrap_err();
+        assert!(err.to_string().contains("response_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn the_old_name_of_the_response_timeout_is_refused_naming_the_new_one() {
+        let err = EtcdOptions::from_url("etcd://u:secret@h?request_timeout_ms=100")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("request_timeout_ms"), "{err}");
+        assert!(err.contains("`response_timeout_ms`"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
     }
 
     /// Each option's range, at its ends: `Ok` or the field an input error names.
     #[test]
     fn options_are_accepted_within_their_range_and_refused_by_name_outside_it() {
-        let field = |query: &str| {
-            let read = parse(&format!("etcd://h?{query}"))
-                .and_then(|url| EtcdOptions::default().from_url(&url))
-                .and_then(|o| o.check());
-            match read {
-                Ok(()) => "ok",
-                Err(Error::InvalidInput { field, .. }) => field,
-                Err(e) => panic!("{query}: {e}"),
-            }
+        let field = |query: &str| match EtcdOptions::from_url(&format!("etcd://h?{query}")) {
+            Ok(_) => "ok",
+            Err(Error::InvalidInput { field, .. }) => field,
+            Err(e) => panic!("{query}: {e}"),
         };
         for (query, expect) in [
             ("connect_timeout_ms=1", "ok"),
             ("connect_timeout_ms=18446744073709551615", "ok"),
             ("connect_timeout_ms=0", "connect_timeout_ms"),
             ("connect_timeout_ms=18446744073709551616", "url"),
-            ("request_timeout_ms=1", "ok"),
-            ("request_timeout_ms=18446744073709551615", "ok"),
-            ("request_timeout_ms=0", "request_timeout_ms"),
-            ("request_timeout_ms=-1", "url"),
+            ("response_timeout_ms=1", "ok"),
+            ("response_timeout_ms=18446744073709551615", "ok"),
+            ("response_timeout_ms=0", "response_timeout_ms"),
+            ("response_timeout_ms=-1", "url"),
             ("min_ttl_s=1", "ok"),
             ("min_ttl_s=86400", "ok"),
             ("min_ttl_s=0", "min_ttl_s"),
@@ -316,7 +432,7 @@ mod tests {
             ("prefix=app/locks/", "ok"),
             ("prefix=a%0Ab", "prefix"),
             ("cert_file=/c.pem&key_file=/k.pem", "cert_file"),
-            ("request_timout_ms=1", "url"),
+            ("response_timout_ms=1", "url"),
         ] {
             assert_eq!(field(query), expect, "{query}");
         }
@@ -324,19 +440,44 @@ mod tests {
 
     #[test]
     fn tls_without_the_feature_is_refused() {
-        let url = parse("etcd://h?ca_file=/etc/etcd/ca.pem").unwrap();
-        let checked = EtcdOptions::default().from_url(&url).unwrap().check();
-        assert_eq!(checked.is_ok(), cfg!(feature = "tls"));
+        let ca = std::env::current_exe().unwrap();
+        let url = format!("etcd://h?ca_file={}", ca.display());
+        let read = EtcdOptions::from_url(&url);
+        assert_eq!(read.is_ok(), cfg!(feature = "tls"), "{read:?}");
+    }
+
+    #[test]
+    fn a_tls_file_that_cannot_be_read_is_refused_naming_its_option() {
+        let named = |o: EtcdOptions| match o.check() {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("expected an input error, got {other:?}"),
+        };
+        let missing = "/nonexistent/ca.pem";
+        let url = format!("etcd://h?ca_file={missing}");
+        // Without the `tls` feature, `ca_file` is refused as soon as it is read.
+        let from_url = EtcdOptions::from_url(&url);
+        assert_eq!(from_url.is_ok(), cfg!(feature = "tls"), "{from_url:?}");
+        let Ok(from_url) = from_url else {
+            return;
+        };
+        assert_eq!(named(from_url), "ca_file");
+        let file = std::env::current_exe().unwrap();
+        let file = file.to_str().unwrap();
+        let options = EtcdOptions::from_url("etcd://h").unwrap();
+        assert_eq!(named(options.clone().ca_file(missing)), "ca_file");
+        let tls = options.ca_file(file);
+        assert_eq!(
+            named(tls.clone().client_certificate(missing, file)),
+            "cert_file"
+        );
+        assert_eq!(named(tls.client_certificate(file, missing)), "key_file");
     }
 
     #[test]
     fn an_unknown_option_is_refused_naming_it() {
-        for query in ["tls=true", "request_timout_ms=100"] {
-            let url = parse(&format!("etcd://u:secret@h?{query}")).unwrap();
-            let err = EtcdOptions::default()
-                .from_url(&url)
-                .unwrap_err()
-                .to_string();
+        for query in ["tls=true", "response_timout_ms=100"] {
+            let url = format!("etcd://u:secret@h?{query}");
+            let err = EtcdOptions::from_url(&url).unwrap_err().to_string();
             let name = query.split('=').next().unwrap();
             assert!(err.contains(&format!("`{name}`")), "{err}");
             assert!(!err.contains("secret"), "{err}");
@@ -345,12 +486,7 @@ mod tests {
 
     #[test]
     fn a_client_certificate_comes_with_its_key_and_tls() {
-        let options = |query: &str| {
-            let url = parse(&format!("etcd://h?{query}")).unwrap();
-            EtcdOptions::default()
-                .from_url(&url)
-                .and_then(|o| o.check())
-        };
+        let options = |query: &str| EtcdOptions::from_url(&format!("etcd://h?{query}"));
         let named = |query: &str| match options(query) {
             Err(lock_core::Error::InvalidInput { field, .. }) => field,
             other => panic!("{query}: expected an input error, got {other:?}"),
@@ -358,7 +494,9 @@ mod tests {
         assert_eq!(named("ca_file=/ca.pem&cert_file=/c.pem"), "key_file");
         assert_eq!(named("ca_file=/ca.pem&key_file=/k.pem"), "cert_file");
         assert_eq!(named("cert_file=/c.pem&key_file=/k.pem"), "cert_file");
-        let both = options("ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem");
-        assert_eq!(both.is_ok(), cfg!(feature = "tls"));
+        let file = std::env::current_exe().unwrap();
+        let f = file.display();
+        let both = options(&format!("ca_file={f}&cert_file={f}&key_file={f}"));
+        assert_eq!(both.is_ok(), cfg!(feature = "tls"), "{both:?}");
     }
 }

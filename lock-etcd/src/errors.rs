@@ -1,5 +1,5 @@
 //! Mapping etcd client errors into lock-core's kinds, and bounding every
-//! request by the request timeout.
+//! request by the response timeout.
 
 use std::future::Future;
 use std::time::Duration;
@@ -132,7 +132,7 @@ impl Endpoint {
                 Ok(Err(e)) => return Err(special(&e).unwrap_or_else(|| self.map(what, e))),
                 Err(_) => {
                     let reason = format!(
-                        "{what}: no answer within the request timeout of {timeout:?} (is a majority of members up?)"
+                        "{what}: no answer within the response timeout of {timeout:?} (is a majority of members up?)"
                     );
                     return Err(self.unavailable(reason, last));
                 }

@@ -47,7 +47,7 @@ struct Inner {
     client: Client,
     endpoint: Endpoint,
     prefix: String,
-    request_timeout: Duration,
+    response_timeout: Duration,
     capabilities: Capabilities,
     /// Released locks' leases, kept for the next acquire.
     idle_leases: LeasePool,
@@ -60,7 +60,7 @@ impl std::fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("endpoint", &self.inner.endpoint.0)
             .field("prefix", &self.inner.prefix)
-            .field("request_timeout", &self.inner.request_timeout)
+            .field("response_timeout", &self.inner.response_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -167,9 +167,10 @@ impl Entry {
 
 impl EtcdBackend {
     /// Checks a URL as [`connect`](Self::connect) reads it, without
-    /// connecting: a malformed URL or an unknown option is refused the same.
+    /// connecting: a malformed URL, an unknown option or a TLS file that
+    /// cannot be read is refused the same.
     pub fn check_url(url: &str) -> Result<()> {
-        read_url(url, EtcdOptions::default()).map(drop)
+        EtcdOptions::from_url(url)?.check()
     }
 
     /// Connects to the cluster named by an `etcd://host1:port1,host2:port2`
@@ -184,17 +185,22 @@ impl EtcdBackend {
     /// # let _ = locker; Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
-        EtcdBackend::connect_with(url, EtcdOptions::default()).await
+        EtcdBackend::connect_with(EtcdOptions::from_url(url)?).await
     }
 
-    /// Connects with `options`; the URL's query overrides them.
+    /// Connects with explicit options, read from a URL by
+    /// [`EtcdOptions::from_url`] and adjusted in code.
     ///
-    /// Reads the member list, so an unreachable cluster or one without a
-    /// quorum is reported here as [`Error::Unavailable`].
-    pub async fn connect_with(url: &str, options: EtcdOptions) -> Result<EtcdBackend> {
-        let (parsed, options, connect) = read_url(url, options)?;
-        let endpoint = Endpoint(parsed.to_string());
-        let endpoints = config::endpoints(&parsed, options.ca_file.is_some());
+    /// The options' values are checked and their TLS files read first, as
+    /// [`EtcdOptions::check`] does: a bad value or a file that cannot be
+    /// read is refused with [`Error::InvalidInput`] naming its URL option,
+    /// before any member is dialled. Then reads the member list, so an
+    /// unreachable cluster or one without a quorum is reported here as
+    /// [`Error::Unavailable`].
+    pub async fn connect_with(options: EtcdOptions) -> Result<EtcdBackend> {
+        let connect = connect_options(&options)?;
+        let endpoint = Endpoint(options.url.to_string());
+        let endpoints = config::endpoints(&options.url, options.ca_file.is_some());
         let client = endpoint
             .bounded(
                 "connect",
@@ -206,7 +212,7 @@ impl EtcdBackend {
         let members = endpoint
             .bounded(
                 "member list",
-                options.request_timeout,
+                options.response_timeout,
                 || {
                     let mut c = client.clone();
                     async move { c.member_list().await }
@@ -239,7 +245,7 @@ impl EtcdBackend {
             client,
             endpoint,
             prefix: options.prefix,
-            request_timeout: options.request_timeout,
+            response_timeout: options.response_timeout,
             capabilities,
             idle_leases: LeasePool::default(),
             feeds: Feeds::default(),
@@ -324,7 +330,7 @@ impl EtcdBackend {
             .endpoint
             .bounded(
                 what,
-                self.inner.request_timeout,
+                self.inner.response_timeout,
                 || request(self.client()),
                 |_| None,
             )
@@ -345,7 +351,7 @@ impl EtcdBackend {
             .endpoint
             .bounded(
                 what,
-                self.inner.request_timeout,
+                self.inner.response_timeout,
                 || request(self.client()),
                 lost,
             )
@@ -516,61 +522,48 @@ impl EtcdBackend {
     }
 }
 
-/// Reads the URL over `options` into what connecting needs, its TLS files
-/// included, as [`lock_core::url::hide_if_ambiguous`] shows its errors.
-fn read_url(
-    url: &str,
-    options: EtcdOptions,
-) -> Result<(lock_core::url::ServerUrl, EtcdOptions, ConnectOptions)> {
-    let read = || {
-        let parsed = config::parse(url)?;
-        let options = options.from_url(&parsed)?;
-        options.check()?;
-        let mut connect = ConnectOptions::new()
-            .with_connect_timeout(options.connect_timeout)
-            // A member without a leader answers at once with "no leader"
-            // instead of waiting for one.
-            .with_require_leader(true)
-            // Finds dead connections (a paused member) on idle watch streams too.
-            // The HTTP/2 client adds these to the clock unchecked, so "no limit" is 30 years.
-            .with_keep_alive(
-                options
-                    .request_timeout
-                    .clamp(Duration::from_secs(1), errors::FAR_FUTURE),
-                options.request_timeout.min(errors::FAR_FUTURE),
-            );
-        if let Some(user) = &options.user {
-            let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");
-            connect = connect.with_user(user.as_str(), password);
-        }
-        let connect = with_tls(connect, &options)?;
-        Ok((parsed, options, connect))
-    };
-    lock_core::url::hide_if_ambiguous(url, read())
+/// The client's settings for `options`: their values checked and the TLS
+/// files read, before anything connects.
+fn connect_options(options: &EtcdOptions) -> Result<ConnectOptions> {
+    let tls = options.tls_files()?;
+    let mut connect = ConnectOptions::new()
+        .with_connect_timeout(options.connect_timeout)
+        // A member without a leader answers at once with "no leader"
+        // instead of waiting for one.
+        .with_require_leader(true)
+        // Finds dead connections (a paused member) on idle watch streams too.
+        // The HTTP/2 client adds these to the clock unchecked, so "no limit" is 30 years.
+        .with_keep_alive(
+            options
+                .response_timeout
+                .clamp(Duration::from_secs(1), errors::FAR_FUTURE),
+            options.response_timeout.min(errors::FAR_FUTURE),
+        );
+    if let Some(user) = &options.user {
+        let password = options.password.as_ref().map(|p| p.expose()).unwrap_or("");
+        connect = connect.with_user(user.as_str(), password);
+    }
+    Ok(match tls {
+        Some(files) => with_tls(connect, files),
+        None => connect,
+    })
 }
 
 #[cfg(feature = "tls")]
-fn with_tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOptions> {
-    let Some(path) = &options.ca_file else {
-        return Ok(connect);
-    };
-    let read = lock_core::url::read_option_file;
-    let pem = read("ca_file", path)?;
+fn with_tls(connect: ConnectOptions, files: config::TlsFiles) -> ConnectOptions {
     let mut tls =
-        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem));
-    if let Some((cert_file, key_file)) = &options.client_cert {
-        let identity = etcd_client::Identity::from_pem(
-            read("cert_file", cert_file)?,
-            read("key_file", key_file)?,
-        );
-        tls = tls.identity(identity);
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(files.ca));
+    if let Some((cert, key)) = files.client {
+        tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
     }
-    Ok(connect.with_tls(tls))
+    connect.with_tls(tls)
 }
 
+/// Never reached: without the `tls` feature, TLS options are refused by
+/// the check that reads their files.
 #[cfg(not(feature = "tls"))]
-fn with_tls(connect: ConnectOptions, _options: &EtcdOptions) -> Result<ConnectOptions> {
-    Ok(connect)
+fn with_tls(connect: ConnectOptions, _files: config::TlsFiles) -> ConnectOptions {
+    connect
 }
 
 fn backend_error(message: &str) -> Error {
@@ -927,7 +920,7 @@ impl LockBackend for EtcdBackend {
             let mut from = revision + 1;
             let mut tries = 0u32;
             loop {
-                let timeout = backend.inner.request_timeout;
+                let timeout = backend.inner.response_timeout;
                 if let Watched::Deleted(_) =
                     wake::deletion(backend.client(), entry.clone(), from, timeout).await
                 {

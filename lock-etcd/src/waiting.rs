@@ -83,7 +83,7 @@ impl EtcdBackend {
             other => {
                 drop(other);
                 let client = self.client();
-                let timeout = self.inner.request_timeout;
+                let timeout = self.inner.response_timeout;
                 match self
                     .inner
                     .feeds
@@ -131,7 +131,7 @@ impl EtcdBackend {
                         own_watch = wake::Deletion::from_now(
                             self.client(),
                             ahead.clone(),
-                            self.inner.request_timeout,
+                            self.inner.response_timeout,
                         )
                         .await;
                     }
@@ -316,7 +316,7 @@ impl EtcdBackend {
         let options = queue.local_check(entry.revision);
         // Only a shortcut: a member slow to answer is passed over quickly.
         let read = client.get(queue.prefix(), Some(options));
-        let resp = tokio::time::timeout(self.inner.request_timeout / 4, read)
+        let resp = tokio::time::timeout(self.inner.response_timeout / 4, read)
             .await
             .ok()?
             .ok()?;

@@ -29,10 +29,10 @@ async fn locker(cluster: &EtcdCluster, query: &str) -> (EtcdBackend, Locker) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_one_member_killed_locks_still_work() {
     let cluster = cluster().await;
-    let (_backend, locker) = locker(&cluster, "request_timeout_ms=2000").await;
+    let (_backend, locker) = locker(&cluster, "response_timeout_ms=2000").await;
     assert_eq!(locker.capabilities().tolerated_server_failures, 1);
     // Long enough that a renewal stuck behind the election (up to one
-    // request timeout) still lands before the deadline on a slow machine.
+    // response timeout) still lands before the deadline on a slow machine.
     let guard_ttl = Duration::from_secs(8);
     let guard = locker
         .guard("survivor", GuardOptions::new(guard_ttl))
@@ -80,8 +80,8 @@ async fn with_one_member_killed_locks_still_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_two_of_three_members_down_acquire_is_unavailable_in_time() {
     let cluster = cluster().await;
-    let request_timeout = Duration::from_millis(1500);
-    let (_backend, locker) = locker(&cluster, "request_timeout_ms=1500").await;
+    let response_timeout = Duration::from_millis(1500);
+    let (_backend, locker) = locker(&cluster, "response_timeout_ms=1500").await;
     let guard = locker
         .guard("held", GuardOptions::new(Duration::from_secs(3)))
         .await
@@ -100,7 +100,7 @@ async fn with_two_of_three_members_down_acquire_is_unavailable_in_time() {
         .expect_err("no quorum, no grant");
     assert!(err.is_unavailable(), "{err}");
     assert!(
-        started.elapsed() < request_timeout * 3,
+        started.elapsed() < response_timeout * 3,
         "try_acquire took {:?}",
         started.elapsed()
     );
@@ -121,7 +121,7 @@ async fn with_two_of_three_members_down_acquire_is_unavailable_in_time() {
         "acquire reports why it failed, not a plain timeout: {err}"
     );
     let took = started.elapsed();
-    assert!(took < wait + request_timeout * 2, "acquire hung: {took:?}");
+    assert!(took < wait + response_timeout * 2, "acquire hung: {took:?}");
 
     // The holder cannot renew: its guard says so by its deadline.
     let reason = tokio::time::timeout(Duration::from_secs(30), lost)
@@ -134,7 +134,7 @@ async fn with_two_of_three_members_down_acquire_is_unavailable_in_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn revoking_the_holders_lease_from_outside_fires_lost() {
     let cluster = cluster().await;
-    let (backend, locker) = locker(&cluster, "request_timeout_ms=2000").await;
+    let (backend, locker) = locker(&cluster, "response_timeout_ms=2000").await;
     // A long TTL and renewal interval: only the watch can notice in time.
     let ttl = Duration::from_secs(30);
     let guard = locker

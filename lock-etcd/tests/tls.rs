@@ -34,7 +34,7 @@ async fn another_ca_or_plain_http_does_not_connect() {
         .await
         .expect("task")
         .expect("another CA");
-    let timeouts = "connect_timeout_ms=2000&request_timeout_ms=2000";
+    let timeouts = "connect_timeout_ms=2000&response_timeout_ms=2000";
     for url in [
         format!(
             "{}?ca_file={}&{timeouts}",
@@ -75,7 +75,7 @@ async fn a_client_certificate_is_presented_to_members_that_ask_for_one() {
 
     // Short timeouts for the refusal only.
     let err = EtcdBackend::connect(&format!(
-        "{base}&connect_timeout_ms=2000&request_timeout_ms=2000"
+        "{base}&connect_timeout_ms=2000&response_timeout_ms=2000"
     ))
     .await
     .expect_err("no certificate, no connection");

@@ -149,7 +149,7 @@ impl Deployment {
                 hosts.join(",")
             ),
             Backend::Etcd => format!(
-                "etcd://{}?connect_timeout_ms=1000&request_timeout_ms=1000",
+                "etcd://{}?connect_timeout_ms=1000&response_timeout_ms=1000",
                 hosts.join(",")
             ),
             Backend::Postgres => format!(

@@ -46,23 +46,36 @@ const OWN_PARAMS: &[&str] = &[
 
 /// Settings of a [`PostgresBackend`](crate::PostgresBackend).
 ///
-/// Built from a URL with [`PostgresOptions::from_url`], then adjusted with
-/// the `with_*` methods:
+/// Built from a URL with [`PostgresOptions::from_url`] (or from the
+/// application's own [`PgConnectOptions`] with
+/// [`from_connect_options`](Self::from_connect_options)), then adjusted with
+/// the setters, each named after its URL option. The setters only store
+/// their value; [`PostgresBackend::connect_with`](crate::PostgresBackend::connect_with)
+/// checks the values before it opens any connection (as [`check`](Self::check)
+/// does, without connecting), and its error names the URL option:
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_postgres::PostgresOptions;
 ///
 /// let options = PostgresOptions::from_url("postgres://app:secret@db:5432/app?max_held_locks=8")?
-///     .with_response_timeout(Duration::from_secs(2))?;
-/// assert_eq!(options.max_held_locks(), 8);
+///     .response_timeout(Duration::from_secs(2))
+///     .create_schema(false);
+/// options.check()?;
+/// assert_eq!(options.get_max_held_locks(), 8);
 /// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.max_held_locks(0).check().unwrap_err();
+/// assert!(err.to_string().contains("max_held_locks"));
 /// # Ok::<(), lock_core::Error>(())
 /// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct PostgresOptions {
     pub(crate) connect: PgConnectOptions,
     pub(crate) endpoint: String,
+    // These four are stored as the setters got them, and checked by
+    // `check` before anything connects.
     pub(crate) names: Names,
     pub(crate) max_held_locks: usize,
     pub(crate) connect_timeout: Duration,
@@ -80,7 +93,7 @@ impl std::fmt::Debug for PostgresOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("create_schema", &self.create_schema)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -117,7 +130,7 @@ impl PostgresOptions {
     /// use sqlx::postgres::PgConnectOptions;
     ///
     /// let app = PgConnectOptions::new().host("db.internal").database("billing").username("app");
-    /// let options = PostgresOptions::from_connect_options(app)?.with_create_schema(false);
+    /// let options = PostgresOptions::from_connect_options(app)?.create_schema(false);
     /// # Ok::<(), lock_core::Error>(())
     /// ```
     pub fn from_connect_options(connect: PgConnectOptions) -> Result<PostgresOptions> {
@@ -220,18 +233,18 @@ impl PostgresOptions {
             create_schema: true,
         };
         if let Some(n) = number("max_held_locks")? {
-            options = options.with_max_held_locks(usize::try_from(n).unwrap_or(usize::MAX))?;
+            options = options.max_held_locks(usize::try_from(n).unwrap_or(usize::MAX));
         }
         if let Some(ms) = number("connect_timeout_ms")? {
-            options = options.with_connect_timeout(Duration::from_millis(ms))?;
+            options = options.connect_timeout(Duration::from_millis(ms));
         }
         if let Some(ms) = number("response_timeout_ms")? {
-            options = options.with_response_timeout(Duration::from_millis(ms))?;
+            options = options.response_timeout(Duration::from_millis(ms));
         }
         let schema = own("schema").unwrap_or(options.names.schema());
         let table = own("table").unwrap_or(options.names.table_name());
         let sequence = own("sequence").unwrap_or(options.names.sequence_name());
-        options.names = Names::new(schema, table, sequence)?;
+        options.names = Names::unchecked(schema, table, sequence);
         if let Some(v) = own("create_schema") {
             options.create_schema = match v {
                 "true" | "1" | "on" => true,
@@ -243,6 +256,7 @@ impl PostgresOptions {
                 }
             };
         }
+        options.check()?;
         Ok(options)
     }
 
@@ -250,62 +264,93 @@ impl PostgresOptions {
     /// [`MAX_HELD_LOCKS`](Self::MAX_HELD_LOCKS). Each held lock (and each
     /// `acquire` waiting in the server) pins one connection; past the limit,
     /// `try_acquire` fails at once with [`Error::LimitReached`] and `acquire`
-    /// queues for a connection within its wait.
-    pub fn with_max_held_locks(mut self, max: usize) -> Result<Self> {
-        if !(1..=Self::MAX_HELD_LOCKS).contains(&max) {
+    /// queues for a connection within its wait. `connect_with` refuses any
+    /// other value, naming `max_held_locks`.
+    pub fn max_held_locks(mut self, max: usize) -> Self {
+        self.max_held_locks = max;
+        self
+    }
+
+    /// Sets the time allowed to open a connection (URL option
+    /// `connect_timeout_ms`, default 5 s): at least 1 ms, or `connect_with`
+    /// refuses it naming `connect_timeout_ms`; a value past what the clock
+    /// can count, `Duration::MAX`, means no limit.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the time allowed for one statement's reply, not for waiting on
+    /// a lock (URL option `response_timeout_ms`, default 5 s): at least
+    /// 1 ms, or `connect_with` refuses it naming `response_timeout_ms`; a
+    /// value past what the clock can count, `Duration::MAX`, means no
+    /// limit. It is also the session's `lock_timeout`, which the server
+    /// caps at 2^31 - 1 ms (24.8 days).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sets the schema, table and sequence names (URL options `schema`,
+    /// `table`, `sequence`; default `lockkit`, `locks`, `fencing_tokens`).
+    /// Each must be a plain identifier: ASCII letters, digits and `_`, not
+    /// starting with a digit, at most 63 bytes, or `connect_with` refuses
+    /// it, naming which.
+    pub fn names(mut self, schema: &str, table: &str, sequence: &str) -> Self {
+        self.names = Names::unchecked(schema, table, sequence);
+        self
+    }
+
+    /// Checks every value as
+    /// [`PostgresBackend::connect_with`](crate::PostgresBackend::connect_with)
+    /// does before it connects, without connecting: the error names the URL
+    /// option (`max_held_locks`, `connect_timeout_ms`, `table`, ...).
+    pub fn check(&self) -> Result<()> {
+        if !(1..=Self::MAX_HELD_LOCKS).contains(&self.max_held_locks) {
             return Err(Error::invalid(
                 "max_held_locks",
                 format!(
-                    "`max_held_locks` is {max}; it must be from 1 to {} (PostgreSQL's most connections, one per held lock)",
+                    "`max_held_locks` is {}; it must be from 1 to {} (PostgreSQL's most connections, one per held lock)",
+                    self.max_held_locks,
                     Self::MAX_HELD_LOCKS
                 ),
             ));
         }
-        self.max_held_locks = max;
-        Ok(self)
-    }
-
-    /// Sets the time allowed to open a connection (at least 1 ms; a value
-    /// past what the clock can count, `Duration::MAX`, means no limit).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.connect_timeout = lock_core::raw::validate::timeout("connect_timeout_ms", timeout)?;
-        Ok(self)
-    }
-
-    /// Sets the time allowed for one statement's reply, not for waiting on
-    /// a lock (at least 1 ms; a value past what the clock can count,
-    /// `Duration::MAX`, means no limit). It is also the session's
-    /// `lock_timeout`, which the server caps at 2^31 - 1 ms (24.8 days).
-    pub fn with_response_timeout(mut self, timeout: Duration) -> Result<Self> {
-        self.response_timeout = lock_core::raw::validate::timeout("response_timeout_ms", timeout)?;
-        Ok(self)
-    }
-
-    /// Sets the schema, table and sequence names. Each must be a plain
-    /// identifier: ASCII letters, digits and `_`, not starting with a digit,
-    /// at most 63 bytes.
-    pub fn with_names(mut self, schema: &str, table: &str, sequence: &str) -> Result<Self> {
-        self.names = Names::new(schema, table, sequence)?;
-        Ok(self)
+        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
+        lock_core::raw::validate::timeout("response_timeout_ms", self.response_timeout)?;
+        self.names.check()
     }
 
     /// Whether `connect` creates the schema, table and sequence when they are
-    /// missing (default true). Turn it off when migrations are managed
-    /// elsewhere with [`schema_sql`](Self::schema_sql).
-    pub fn with_create_schema(mut self, create: bool) -> Self {
+    /// missing (URL option `create_schema`, default true). Turn it off when
+    /// migrations are managed elsewhere with [`schema_sql`](Self::schema_sql).
+    pub fn create_schema(mut self, create: bool) -> Self {
         self.create_schema = create;
         self
     }
 
     /// The limit on locks held at once.
-    pub fn max_held_locks(&self) -> usize {
+    pub fn get_max_held_locks(&self) -> usize {
         self.max_held_locks
     }
 
+    /// The time allowed to open a connection.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The time allowed for one statement's reply.
+    pub fn get_response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
     /// The statements that create the schema, table and sequence for these
-    /// names; [`SCHEMA_SQL`](crate::SCHEMA_SQL) for the default names.
-    pub fn schema_sql(&self) -> String {
-        self.names.schema_sql()
+    /// names; [`SCHEMA_SQL`](crate::SCHEMA_SQL) for the default names. A
+    /// name that is not a plain identifier is refused, naming which, as
+    /// `connect_with` does.
+    pub fn schema_sql(&self) -> Result<String> {
+        self.names.check()?;
+        Ok(self.names.schema_sql())
     }
 }
 

@@ -114,8 +114,12 @@ impl PostgresBackend {
         Self::connect_with(PostgresOptions::from_url(url)?).await
     }
 
-    /// Connects with explicit options.
+    /// Connects with explicit options. Their values are checked first, as
+    /// [`PostgresOptions::check`] does: a bad one is refused with
+    /// [`Error::InvalidInput`] naming its URL option, before any connection
+    /// is opened.
     pub async fn connect_with(options: PostgresOptions) -> Result<PostgresBackend> {
+        options.check()?;
         // A session-wide lock_timeout keeps the autocommit statements from
         // hanging behind a lock held by something else (a migration, say).
         let lock_timeout = millis(options.response_timeout).to_string();

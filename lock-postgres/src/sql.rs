@@ -53,15 +53,21 @@ pub(crate) fn identifier(field: &'static str, name: &str) -> Result<()> {
 }
 
 impl Names {
-    pub(crate) fn new(schema: &str, table: &str, sequence: &str) -> Result<Names> {
-        identifier("schema", schema)?;
-        identifier("table", table)?;
-        identifier("sequence", sequence)?;
-        Ok(Names {
+    /// The names as a setter was given them: [`check`](Self::check) runs
+    /// before they reach any statement.
+    pub(crate) fn unchecked(schema: &str, table: &str, sequence: &str) -> Names {
+        Names {
             schema: schema.into(),
             table: table.into(),
             sequence: sequence.into(),
-        })
+        }
+    }
+
+    /// Refuses a name that is not a plain identifier, naming which.
+    pub(crate) fn check(&self) -> Result<()> {
+        identifier("schema", &self.schema)?;
+        identifier("table", &self.table)?;
+        identifier("sequence", &self.sequence)
     }
 
     pub(crate) fn schema(&self) -> &str {
@@ -441,7 +447,7 @@ mod tests {
     #[test]
     fn shipped_schema_is_the_default_names_schema() {
         assert_eq!(Names::default().schema_sql(), SCHEMA_SQL);
-        let custom = Names::new("app", "mutex", "tokens").unwrap().schema_sql();
+        let custom = Names::unchecked("app", "mutex", "tokens").schema_sql();
         assert!(
             custom.contains("\"app\".\"mutex\"") && custom.contains("\"app\".\"tokens\""),
             "{custom}"

@@ -19,10 +19,10 @@ use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, HeldLock, Lease, Limits, LockBackend,
     LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
+pub use lock_redis_wire::KeyLayout;
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
 use lock_redis_wire::{Batcher, Claim, LockKeys, RedisSettings, TokenRule, map_error};
-pub use lock_redis_wire::{KeyLayout, Timeouts};
 
 use crate::connection::Conn;
 use crate::line::Lines;
@@ -48,25 +48,54 @@ pub const SCHEMES: &[&str] = &[
 pub use crate::sentinel::SentinelBackend;
 
 /// Settings of a [`RedisBackend`]: what the URL says, adjustable in code.
+///
+/// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
+/// (each named after its URL option), then hand it to
+/// [`RedisBackend::connect_with`]. The setters only store their value; the
+/// values are checked, before anything connects, by `connect_with` (or by
+/// [`check`](Self::check), to validate a configuration without
+/// connecting), whose error names the URL option:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redis::RedisOptions;
+///
+/// let options = RedisOptions::from_url("redis://:secret@127.0.0.1:6379/0")?
+///     .prefix("billing:")
+///     .response_timeout(Duration::from_millis(500));
+/// options.check()?;
+/// assert_eq!(options.get_prefix(), "billing:");
+/// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.connect_timeout(Duration::ZERO).check().unwrap_err();
+/// assert!(err.to_string().contains("connect_timeout_ms"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RedisOptions {
+    /// What the URL says; its timeouts as the setters left them, unchecked.
     settings: RedisSettings,
     cluster: bool,
+    /// Unchecked until connecting, as the setters store it.
+    prefix: String,
+    /// Unchecked until connecting, as the setters store it.
     waiter_lease: Duration,
     /// The master's name, for a Sentinel URL (its path).
     sentinel: Option<String>,
     min_replicas: u32,
 }
 
-/// The URL option for [`RedisOptions::with_waiter_lease`].
+/// The URL option for [`RedisOptions::waiter_lease`].
 const WAITER_LEASE: &str = "waiter_lease_ms";
-/// The URL option for [`RedisOptions::with_min_replicas`].
+/// The URL option for [`RedisOptions::min_replicas`].
 const MIN_REPLICAS: &str = "min_replicas";
 
 impl RedisOptions {
     /// Reads a `redis://`, `rediss://`, `redis+cluster://`,
     /// `rediss+cluster://`, `redis+sentinel://` or `rediss+sentinel://` URL
-    /// (see the crate docs for its options).
+    /// (see the crate docs for its options). A bad value in the URL is
+    /// refused here, naming its option.
     pub fn from_url(url: &str) -> Result<Self> {
         lock_core::url::hide_if_ambiguous(url, Self::read_url(url))
     }
@@ -107,18 +136,9 @@ impl RedisOptions {
             Some(n) => replicas::parse_min(n)?,
             None => 0,
         };
-        if cluster && min_replicas > 0 {
-            return Err(Error::invalid(
-                MIN_REPLICAS,
-                format!(
-                    "{parsed}: waiting for replicas is offered on redis:// and redis+sentinel://, not on a cluster"
-                ),
-            ));
-        }
-        let waiter_lease = match parsed.millis_param(WAITER_LEASE)? {
-            Some(lease) => lock_core::raw::waiter_lease(lease)?,
-            None => DEFAULT_WAITER_LEASE,
-        };
+        let waiter_lease = parsed
+            .millis_param(WAITER_LEASE)?
+            .unwrap_or(DEFAULT_WAITER_LEASE);
         if !cluster && sentinel.is_none() && settings.servers.len() > 1 {
             return Err(Error::invalid(
                 "url",
@@ -134,13 +154,16 @@ impl RedisOptions {
                 format!("{parsed}: Redis Cluster has only database 0"),
             ));
         }
-        Ok(RedisOptions {
+        let options = RedisOptions {
+            prefix: settings.layout.prefix().to_owned(),
             settings,
             cluster,
             waiter_lease,
             sentinel,
             min_replicas,
-        })
+        };
+        options.check()?;
+        Ok(options)
     }
 
     /// Counts a grant (and an extension) only once `WAIT` says that at
@@ -148,9 +171,9 @@ impl RedisOptions {
     /// no waiting). When fewer acknowledge it within half the response
     /// timeout, the grant is given back and the attempt fails with
     /// [`Error::Unavailable`] naming how many did. Not offered on a
-    /// cluster (refused when connecting). `WAIT` is not consensus: see the
+    /// cluster (`connect_with` refuses it naming `min_replicas`). `WAIT` is not consensus: see the
     /// guide's operations page for what it still does not protect.
-    pub fn with_min_replicas(mut self, n: u32) -> Self {
+    pub fn min_replicas(mut self, n: u32) -> Self {
         self.min_replicas = n;
         self
     }
@@ -159,24 +182,85 @@ impl RedisOptions {
     /// option `waiter_lease_ms`, default 400 ms): a waiter that dies at the
     /// head of the line holds the others up for at most this long, plus a
     /// third of it (see [`Stall`]). Waiters refresh every third of it.
-    /// Refused, naming `waiter_lease`, outside 30 ms to 60 s.
-    pub fn with_waiter_lease(mut self, lease: Duration) -> Result<Self> {
-        self.waiter_lease = lock_core::raw::waiter_lease(lease)?;
+    /// Whole milliseconds from 30 ms to 60 s, or `connect_with` refuses it
+    /// naming `waiter_lease_ms`.
+    pub fn waiter_lease(mut self, lease: Duration) -> Self {
+        self.waiter_lease = lease;
+        self
+    }
+
+    /// Puts locks under `prefix` instead of the URL's (URL option `prefix`,
+    /// default `lockkit:`). `connect_with` refuses it, naming `prefix`,
+    /// when it holds `{` or `}`, which Redis Cluster reads as a hash tag.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long opening a connection may take (URL option
+    /// `connect_timeout_ms`, default 3 s). At least 1 ms, or `connect_with`
+    /// refuses it naming `connect_timeout_ms`; `Duration::MAX` waits as
+    /// long as it takes.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeouts.connect = timeout;
+        self
+    }
+
+    /// How long each reply may take (URL option `response_timeout_ms`,
+    /// default 3 s). At least 1 ms, or `connect_with` refuses it naming
+    /// `response_timeout_ms`; `Duration::MAX` waits as long as it takes.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeouts.response = timeout;
+        self
+    }
+
+    /// Checks every value as [`RedisBackend::connect_with`] does before it
+    /// connects, without connecting: the error names the URL option
+    /// (`connect_timeout_ms`, `prefix`, `waiter_lease_ms`, ...).
+    pub fn check(&self) -> Result<()> {
+        self.clone().checked().map(drop)
+    }
+
+    /// The options to connect with, once every value is checked.
+    pub(crate) fn checked(mut self) -> Result<RedisOptions> {
+        self.settings.timeouts.check()?;
+        self.settings.layout = KeyLayout::new(self.prefix.clone())?;
+        self.waiter_lease = lock_core::raw::waiter_lease(WAITER_LEASE, self.waiter_lease)?;
+        if self.cluster && self.min_replicas > 0 {
+            return Err(Error::invalid(
+                MIN_REPLICAS,
+                format!(
+                    "{}: waiting for replicas is offered on redis:// and redis+sentinel://, not on a cluster",
+                    self.settings.url
+                ),
+            ));
+        }
         Ok(self)
     }
 
-    /// Puts locks under `prefix` instead of the URL's (default `lockkit:`).
-    pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
-        self.settings.layout = KeyLayout::new(prefix)?;
-        Ok(self)
+    /// The prefix locks live under.
+    pub fn get_prefix(&self) -> &str {
+        &self.prefix
     }
 
-    /// Replaces the connect and response timeouts; each must be at least
-    /// 1 ms (a zero timeout would fail every call).
-    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Result<Self> {
-        timeouts.check()?;
-        self.settings.timeouts = timeouts;
-        Ok(self)
+    /// How long opening a connection may take.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.settings.timeouts.connect
+    }
+
+    /// How long each reply may take.
+    pub fn get_response_timeout(&self) -> Duration {
+        self.settings.timeouts.response
+    }
+
+    /// How long a waiter's place in line lasts without a refresh.
+    pub fn get_waiter_lease(&self) -> Duration {
+        self.waiter_lease
+    }
+
+    /// How many replicas must have a grant before it counts (0: none).
+    pub fn get_min_replicas(&self) -> u32 {
+        self.min_replicas
     }
 }
 
@@ -241,7 +325,10 @@ impl RedisBackend {
         Self::connect_with(RedisOptions::from_url(url)?).await
     }
 
-    /// Connects with explicit options.
+    /// Connects with explicit options. Their values are checked first, as
+    /// [`RedisOptions::check`] does: a bad one is refused with
+    /// [`Error::InvalidInput`] naming its URL option, before any connection
+    /// is opened.
     pub async fn connect_with(options: RedisOptions) -> Result<RedisBackend> {
         if options.sentinel.is_some() {
             return Err(Error::invalid(
@@ -270,18 +357,9 @@ impl RedisBackend {
             settings,
             cluster,
             waiter_lease,
-            sentinel: _,
             min_replicas,
-        } = options;
-        if cluster && min_replicas > 0 {
-            return Err(Error::invalid(
-                MIN_REPLICAS,
-                format!(
-                    "{}: waiting for replicas is offered on redis:// and redis+sentinel://, not on a cluster",
-                    settings.url
-                ),
-            ));
-        }
+            ..
+        } = options.checked()?;
         let conn = Conn::open(backend, &settings, cluster).await?;
         let endpoint = if cluster {
             settings.url.clone()
@@ -727,22 +805,19 @@ mod tests {
     #[test]
     fn zero_timeouts_are_refused_naming_which() {
         let options = || RedisOptions::from_url("redis://h:6379").unwrap();
-        let zero_response = Timeouts {
-            response: Duration::ZERO,
-            ..Timeouts::default()
+        let named = |o: RedisOptions| match o.check() {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("expected an input error, got {other:?}"),
         };
-        let err = options().with_timeouts(zero_response).unwrap_err();
-        assert!(
-            err.is_invalid_input() && err.to_string().contains("response_timeout"),
-            "{err}"
+        let zero = Duration::ZERO;
+        assert_eq!(
+            named(options().response_timeout(zero)),
+            "response_timeout_ms"
         );
-        let zero_connect = Timeouts {
-            connect: Duration::ZERO,
-            ..Timeouts::default()
-        };
-        let err = options().with_timeouts(zero_connect).unwrap_err();
-        assert!(err.to_string().contains("connect_timeout"), "{err}");
-        assert!(options().with_timeouts(Timeouts::default()).is_ok());
+        assert_eq!(named(options().connect_timeout(zero)), "connect_timeout_ms");
+        let one = Duration::from_millis(1);
+        assert!(options().connect_timeout(one).check().is_ok());
+        assert!(options().response_timeout(Duration::MAX).check().is_ok());
     }
 
     #[test]

@@ -106,12 +106,9 @@ async fn min_replicas_grants_only_what_a_replica_acknowledged() {
     let url = deployment.url();
     let options = RedisOptions::from_url(&url)
         .unwrap()
-        .with_min_replicas(1)
-        .with_timeouts(lock_redis::Timeouts {
-            connect: Duration::from_secs(3),
-            response: Duration::from_millis(400),
-        })
-        .unwrap();
+        .min_replicas(1)
+        .connect_timeout(Duration::from_secs(3))
+        .response_timeout(Duration::from_millis(400));
     let locker = Locker::new(
         SentinelBackend::connect_with(options)
             .await
@@ -149,12 +146,9 @@ async fn failover_after_an_unreplicated_grant(min_replicas: u32) -> (bool, bool)
     let options = || {
         RedisOptions::from_url(&deployment.url())
             .unwrap()
-            .with_min_replicas(min_replicas)
-            .with_timeouts(lock_redis::Timeouts {
-                connect: Duration::from_secs(3),
-                response: Duration::from_millis(400),
-            })
-            .unwrap()
+            .min_replicas(min_replicas)
+            .connect_timeout(Duration::from_secs(3))
+            .response_timeout(Duration::from_millis(400))
     };
     let a = Locker::new(SentinelBackend::connect_with(options()).await.unwrap());
     let b = Locker::new(SentinelBackend::connect_with(options()).await.unwrap());

@@ -101,8 +101,7 @@ async fn a_waiter_is_woken_by_the_release_message_not_by_polling() {
     // every refused attempt counted is a waiter's own.
     let options = RedisOptions::from_url(&server.url())
         .unwrap()
-        .with_waiter_lease(Duration::from_secs(60))
-        .unwrap();
+        .waiter_lease(Duration::from_secs(60));
     let backend = RedisBackend::connect_with(options).await.unwrap();
     // Polls at most every 10 s (at least 5 s for the first): a handoff well
     // under that came from the release message.

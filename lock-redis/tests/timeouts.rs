@@ -6,7 +6,7 @@ use lock_core::Wait;
 use std::time::Duration;
 
 use lock_core::{Lease, Locker};
-use lock_redis::{RedisBackend, RedisOptions, Timeouts};
+use lock_redis::{RedisBackend, RedisOptions};
 use lock_testkit::RedisServer;
 use tokio::time::timeout;
 
@@ -71,11 +71,8 @@ async fn builder_timeouts_of_duration_max_wait_as_long_as_it_takes() {
     let server = RedisServer::start().expect("start redis");
     let options = RedisOptions::from_url(&server.url())
         .unwrap()
-        .with_timeouts(Timeouts {
-            connect: Duration::MAX,
-            response: Duration::MAX,
-        })
-        .expect("a long timeout is no input error");
+        .connect_timeout(Duration::MAX)
+        .response_timeout(Duration::MAX);
     let backend = RedisBackend::connect_with(options).await.expect("connect");
     locks_work(&Locker::new(backend), "forever/builder").await;
 }
@@ -92,11 +89,8 @@ async fn a_cluster_with_timeouts_too_long_for_the_clock_locks() {
     locks_work(&Locker::new(backend), &format!("forever/cluster/{run}")).await;
     let options = RedisOptions::from_url(&cluster)
         .unwrap()
-        .with_timeouts(Timeouts {
-            connect: Duration::MAX,
-            response: Duration::MAX,
-        })
-        .expect("a long timeout is no input error");
+        .connect_timeout(Duration::MAX)
+        .response_timeout(Duration::MAX);
     let backend = RedisBackend::connect_with(options).await.expect("connect");
     locks_work(
         &Locker::new(backend),

@@ -7,69 +7,130 @@ use std::time::Duration;
 use lock_core::url::{Server, ServerUrl};
 use lock_core::{Error, Result};
 use lock_redis_wire::config::{DEFAULT_PORT, RESPONSE_TIMEOUT};
-use lock_redis_wire::{RedisSettings, Timeouts};
+use lock_redis_wire::{KeyLayout, RedisSettings};
 
 /// The query options this backend reads beyond the ones every Redis backend
 /// understands ([`lock_redis_wire::config::OPTIONS`]): the per-node timeout, and
 /// `tls=true` for TLS to every node (with the `tls` cargo feature).
 pub(crate) const OPTIONS: &[&str] = &["node_timeout_ms", "tls"];
 
-/// How a [`RedlockBackend`](crate::RedlockBackend) talks to its nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a [`RedlockBackend`](crate::RedlockBackend) talks to its nodes:
+/// what the URL says, adjustable in code.
+///
+/// Read a URL with [`from_url`](Self::from_url), adjust it with the setters
+/// (each named after its URL option), then hand it to
+/// [`RedlockBackend::connect_with`](crate::RedlockBackend::connect_with).
+/// The setters only store their value; `connect_with` checks the values
+/// before it connects to any node (as [`check`](Self::check) does, without
+/// connecting), and its error names the URL option:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redlock::RedlockOptions;
+///
+/// let options = RedlockOptions::from_url("redlock://:secret@10.0.0.1,10.0.0.2,10.0.0.3")?
+///     .node_timeout(Duration::from_millis(20))
+///     .prefix("billing:");
+/// options.check()?;
+/// assert_eq!(options.get_node_timeout(), Duration::from_millis(20));
+/// assert!(!format!("{options:?}").contains("secret"));
+///
+/// let err = options.prefix("a{b}").check().unwrap_err();
+/// assert!(err.to_string().contains("prefix"));
+/// # Ok::<(), lock_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RedlockOptions {
-    /// How long one node may take to answer one request before it counts as
-    /// failed for that request. Small against the TTL, so that a slow or
-    /// paused node cannot eat the validity of a lock held on the others.
-    /// URL: `node_timeout_ms`. Default 50 ms.
-    pub node_timeout: Duration,
-    /// How long connecting to one node may take. URL: `connect_timeout_ms`
-    /// (or `timeout_ms`). Default 3 s.
-    pub connect_timeout: Duration,
+    /// The nodes, their credentials and TLS, and the connect timeout as
+    /// the setters left it, unchecked (its `Debug` leaves passwords out).
+    settings: RedisSettings,
+    /// Unchecked until connecting, as the setters store it.
+    prefix: String,
+    /// Unchecked until connecting, as the setters store it.
+    node_timeout: Duration,
 }
 
-impl Default for RedlockOptions {
-    fn default() -> Self {
-        RedlockOptions {
-            node_timeout: Duration::from_millis(50),
-            connect_timeout: Timeouts::default().connect,
-        }
-    }
-}
+/// How long one node may take to answer one request, by default: small
+/// against a TTL of seconds, so that a slow node cannot eat the validity.
+const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
 impl RedlockOptions {
-    /// Sets the per-node timeout.
+    /// Reads a `redlock://host1:port1,host2:port2,...` URL (see the crate
+    /// docs for its options). A node listed twice, an unknown option or a
+    /// bad value is refused, naming it (never showing a password).
+    pub fn from_url(url: &str) -> Result<RedlockOptions> {
+        lock_core::url::hide_if_ambiguous(url, read(url))
+    }
+
+    /// How long one node may take to answer one request before it counts as
+    /// failed for that request (URL option `node_timeout_ms`, default
+    /// 50 ms). Small against the TTL, so that a slow or paused node cannot
+    /// eat the validity of a lock held on the others. At least 1 ms, or
+    /// `connect_with` refuses it naming `node_timeout_ms`; `Duration::MAX`
+    /// means no limit.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
     }
 
-    /// Sets the connect timeout.
+    /// How long connecting to one node may take (URL option
+    /// `connect_timeout_ms`, or `timeout_ms`; default 3 s). At least 1 ms,
+    /// or `connect_with` refuses it naming `connect_timeout_ms`;
+    /// `Duration::MAX` means no limit.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.settings.timeouts.connect = timeout;
         self
     }
 
-    /// These options with any the URL's query sets instead.
-    pub(crate) fn with_url(mut self, url: &ServerUrl, settings: &RedisSettings) -> Result<Self> {
-        if let Some(t) = url.millis_param("node_timeout_ms")? {
-            self.node_timeout = t;
-        }
-        if url.param("connect_timeout_ms").is_some() || url.param("timeout_ms").is_some() {
-            self.connect_timeout = settings.timeouts.connect;
-        }
-        lock_core::raw::validate::timeout("node_timeout_ms", self.node_timeout)?;
-        lock_core::raw::validate::timeout("connect_timeout_ms", self.connect_timeout)?;
-        Ok(self)
+    /// Puts locks under `prefix` instead of the URL's (URL option `prefix`,
+    /// default `lockkit:`). `connect_with` refuses it, naming `prefix`,
+    /// when it holds `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Checks every value as
+    /// [`RedlockBackend::connect_with`](crate::RedlockBackend::connect_with)
+    /// does before it connects, without connecting: the error names the
+    /// URL option (`node_timeout_ms`, `connect_timeout_ms`, `prefix`).
+    pub fn check(&self) -> Result<()> {
+        self.clone().checked().map(drop)
+    }
+
+    /// The settings and the per-node timeout to connect with, once every
+    /// value is checked.
+    pub(crate) fn checked(self) -> Result<(RedisSettings, Duration)> {
+        let mut settings = self.settings;
+        settings.timeouts.check()?;
+        settings.layout = KeyLayout::new(self.prefix)?;
+        let node_timeout = lock_core::raw::validate::timeout("node_timeout_ms", self.node_timeout)?;
+        Ok((settings, node_timeout))
+    }
+
+    /// How long one node may take to answer one request.
+    pub fn get_node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
+    /// How long connecting to one node may take.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.settings.timeouts.connect
+    }
+
+    /// The prefix locks live under.
+    pub fn get_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The number of nodes the URL names.
+    pub fn nodes(&self) -> usize {
+        self.settings.servers.len()
     }
 }
 
-/// Parses a `redlock://` URL, refusing other schemes and unknown options.
-pub(crate) fn parse(url: &str, options: RedlockOptions) -> Result<(RedisSettings, RedlockOptions)> {
-    lock_core::url::hide_if_ambiguous(url, read(url, options))
-}
-
-fn read(url: &str, options: RedlockOptions) -> Result<(RedisSettings, RedlockOptions)> {
+fn read(url: &str) -> Result<RedlockOptions> {
     let parsed = ServerUrl::parse(url)?;
     if !crate::SCHEMES.contains(&parsed.scheme.as_str()) {
         return Err(Error::invalid(
@@ -103,8 +164,13 @@ fn read(url: &str, options: RedlockOptions) -> Result<(RedisSettings, RedlockOpt
     }
     refuse_duplicate_nodes(&parsed)?;
     let settings = RedisSettings::from_url(&parsed, tls, OPTIONS)?;
-    let options = options.with_url(&parsed, &settings)?;
-    Ok((settings, options))
+    let options = RedlockOptions {
+        prefix: settings.layout.prefix().to_owned(),
+        settings,
+        node_timeout: (parsed.millis_param("node_timeout_ms")?).unwrap_or(DEFAULT_NODE_TIMEOUT),
+    };
+    options.check()?;
+    Ok(options)
 }
 
 /// Refuses a node listed twice: both connections would reach one server,
@@ -150,14 +216,14 @@ mod tests {
 
     #[test]
     fn defaults_and_url_options() {
-        let (settings, options) =
-            parse("redlock://a:1,b:2,c:3", RedlockOptions::default()).unwrap();
-        assert_eq!(options, RedlockOptions::default());
-        assert_eq!(settings.endpoints.len(), 3);
+        let options = RedlockOptions::from_url("redlock://a:1,b:2,c:3").unwrap();
+        assert_eq!(options.get_node_timeout(), DEFAULT_NODE_TIMEOUT);
+        assert_eq!(options.get_connect_timeout(), Duration::from_secs(3));
+        assert_eq!(options.nodes(), 3);
         let url = "redlock://a:1,b:2,c:3?node_timeout_ms=20&connect_timeout_ms=500";
-        let (_, options) = parse(url, RedlockOptions::default()).unwrap();
-        assert_eq!(options.node_timeout, Duration::from_millis(20));
-        assert_eq!(options.connect_timeout, Duration::from_millis(500));
+        let options = RedlockOptions::from_url(url).unwrap();
+        assert_eq!(options.get_node_timeout(), Duration::from_millis(20));
+        assert_eq!(options.get_connect_timeout(), Duration::from_millis(500));
     }
 
     /// Two entries for one server would let that server count twice
@@ -196,7 +262,7 @@ mod tests {
                 "#2 (a:1)",
             ),
         ] {
-            let err = parse(input, RedlockOptions::default()).unwrap_err();
+            let err = RedlockOptions::from_url(input).unwrap_err();
             let text = err.to_string();
             assert!(err.is_invalid_input(), "{input}: {err}");
             assert!(
@@ -210,7 +276,7 @@ mod tests {
             "redlock://127.0.0.1,127.0.0.2,localhost",
             "redlock://[::1],[::2],a",
         ] {
-            parse(distinct, RedlockOptions::default()).expect(distinct);
+            RedlockOptions::from_url(distinct).expect(distinct);
         }
     }
 
@@ -229,7 +295,7 @@ mod tests {
                 "unknown option `node_timout_ms`; known: ca_file, cert_file, connect_timeout_ms, key_file, node_timeout_ms, prefix, timeout_ms, tls",
             ),
         ] {
-            let err = parse(input, RedlockOptions::default()).unwrap_err();
+            let err = RedlockOptions::from_url(input).unwrap_err();
             assert!(
                 err.is_invalid_input() && err.to_string().contains(expected),
                 "{input}: {err}"

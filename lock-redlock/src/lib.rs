@@ -70,11 +70,11 @@ impl RedlockBackend {
     /// Checks a URL as [`connect`](Self::connect) reads it, without
     /// connecting: a malformed URL or an unknown option is refused the same.
     pub fn check_url(url: &str) -> Result<()> {
-        config::parse(url, RedlockOptions::default()).map(drop)
+        RedlockOptions::from_url(url).map(drop)
     }
 
-    /// Connects to the nodes of a `redlock://host1:port1,host2:port2,...` URL
-    /// with default options (overridden by the URL's query).
+    /// Connects to the nodes of a `redlock://host1:port1,host2:port2,...` URL,
+    /// with the options in its query (see [`RedlockOptions`]).
     ///
     /// ```no_run
     /// # async fn demo() -> lock_core::Result<()> {
@@ -85,15 +85,19 @@ impl RedlockBackend {
     /// # let _ = locker; Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
-        Self::connect_with(url, RedlockOptions::default()).await
+        Self::connect_with(RedlockOptions::from_url(url)?).await
     }
 
-    /// Connects with `options`; options in the URL's query win.
+    /// Connects with explicit options, read from a URL by
+    /// [`RedlockOptions::from_url`] and adjusted in code.
     ///
     /// Succeeds when a majority of the nodes answers within the connect
     /// timeout; the others are retried in the background (a warning names them).
-    pub async fn connect_with(url: &str, options: RedlockOptions) -> Result<RedlockBackend> {
-        let (settings, options) = config::parse(url, options)?;
+    /// The options' values are checked first, as [`RedlockOptions::check`]
+    /// does: a bad one is refused with [`Error::InvalidInput`] naming its
+    /// URL option, before any node is dialled.
+    pub async fn connect_with(options: RedlockOptions) -> Result<RedlockBackend> {
+        let (settings, node_timeout) = options.checked()?;
         let n = settings.servers.len();
         if n % 2 == 0 {
             tracing::warn!(
@@ -104,9 +108,10 @@ impl RedlockBackend {
                 n - 1
             );
         }
-        let nodes = Nodes::new(connections(&settings, &options)?, options.node_timeout);
+        let nodes = Nodes::new(connections(&settings, node_timeout)?, node_timeout);
         // Connect to all at once; a minority may be down now and come back later.
-        let reachable = Nodes::new(nodes.nodes().to_vec(), options.connect_timeout);
+        let connect_timeout = settings.timeouts.connect;
+        let reachable = Nodes::new(nodes.nodes().to_vec(), connect_timeout);
         let answers = reachable.ask_all(Node::probe).await;
         let tally = Tally::new(
             (answers.iter())
@@ -149,7 +154,7 @@ impl RedlockBackend {
             .with_exclusion_resting_on([Assumption::ServerEvictsNoLockKeys])
             .with_wake_up(WakeUp::PubSub)
             .with_waiting_order(WaitingOrder::Within {
-                within: arrival_window(options.node_timeout),
+                within: arrival_window(node_timeout),
                 stall: Stall::WaiterLease(DEFAULT_WAITER_LEASE),
             })
             .with_tolerated_server_failures(tolerated_failures(n))
@@ -163,7 +168,7 @@ impl RedlockBackend {
                 endpoints: settings.endpoints.clone(),
                 url: settings.url.clone(),
                 layout: settings.layout.clone(),
-                wakeups: Wakeups::start(clients, options.node_timeout, options.connect_timeout),
+                wakeups: Wakeups::start(clients, node_timeout, connect_timeout),
                 nodes,
                 capabilities,
                 lines: Lines::new(DEFAULT_WAITER_LEASE),
@@ -405,19 +410,19 @@ fn evicting_nodes(settings: &RedisSettings, probes: &[Option<Probe>]) -> Option<
 
 /// Per node, one lazily connected, multiplexed connection, and the batcher
 /// of acquires and releases.
-fn connections(settings: &RedisSettings, options: &RedlockOptions) -> Result<Vec<Node>> {
+fn connections(settings: &RedisSettings, node_timeout: Duration) -> Result<Vec<Node>> {
     let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(options.connect_timeout))
+        .set_connection_timeout(Some(settings.timeouts.connect))
         // The per-node timeout bounds every request for its caller; on the
         // connection it also ends a batch stuck on a paused or unreachable
         // node (over TLS or a Unix socket, where the batcher shares it), so
         // that the node's queue moves on rather than grow.
-        .set_response_timeout(Some(options.node_timeout))
+        .set_response_timeout(Some(node_timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
     let timeouts = Timeouts {
-        connect: options.connect_timeout,
-        response: options.node_timeout,
+        connect: settings.timeouts.connect,
+        response: node_timeout,
     };
     (0..settings.servers.len())
         .map(|i| {

@@ -15,8 +15,10 @@ const TTL: Duration = Duration::from_secs(10);
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 async fn connect(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
-    let options = RedlockOptions::default().node_timeout(NODE_TIMEOUT);
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+    let options = RedlockOptions::from_url(&nodes.url())
+        .expect("options")
+        .node_timeout(NODE_TIMEOUT);
+    let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
     (backend.clone(), Locker::new(backend))
@@ -49,8 +51,10 @@ async fn await_deleted(nodes: &RedisNodes, backend: &RedlockBackend, i: usize, k
 /// A backend whose node timeout is far beyond any test: a call that waited
 /// for a paused node would show.
 async fn connect_patient(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
-    let options = RedlockOptions::default().node_timeout(Duration::from_secs(60));
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+    let options = RedlockOptions::from_url(&nodes.url())
+        .expect("options")
+        .node_timeout(Duration::from_secs(60));
+    let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
     let locker = Locker::new(backend.clone());
@@ -520,10 +524,11 @@ async fn a_paused_node_does_not_hold_back_a_waiters_wake_up() {
     let nodes = RedisNodes::start(3).expect("3 redis nodes");
     // Patient everywhere: no timeout ends a wait within the test's
     // patience, so only the release can wake the waiter.
-    let options = RedlockOptions::default()
+    let options = RedlockOptions::from_url(&nodes.url())
+        .expect("options")
         .node_timeout(Duration::from_secs(60))
         .connect_timeout(Duration::from_secs(60));
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+    let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
     let locker = Locker::new(backend.clone());
@@ -561,10 +566,11 @@ async fn a_paused_node_does_not_hold_back_a_waiters_wake_up() {
 async fn waits_during_a_pause_leave_no_wake_up_state_behind() {
     const KEYS: usize = 40;
     let nodes = RedisNodes::start(3).expect("3 redis nodes");
-    let options = RedlockOptions::default()
+    let options = RedlockOptions::from_url(&nodes.url())
+        .expect("options")
         .node_timeout(NODE_TIMEOUT)
         .connect_timeout(Duration::MAX);
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+    let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
     let locker = Locker::new(backend.clone());

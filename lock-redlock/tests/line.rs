@@ -18,8 +18,10 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 const PATIENCE: Duration = Duration::from_secs(30);
 
 async fn connect(nodes: &RedisNodes) -> (RedlockBackend, Locker) {
-    let options = RedlockOptions::default().node_timeout(NODE_TIMEOUT);
-    let backend = RedlockBackend::connect_with(&nodes.url(), options)
+    let options = RedlockOptions::from_url(&nodes.url())
+        .expect("the node set's URL")
+        .node_timeout(NODE_TIMEOUT);
+    let backend = RedlockBackend::connect_with(options)
         .await
         .expect("connect");
     (backend.clone(), Locker::new(backend))

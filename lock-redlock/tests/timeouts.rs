@@ -69,17 +69,12 @@ async fn url_timeouts_too_long_for_the_clock_wait_as_long_as_it_takes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builder_timeouts_of_duration_max_wait_as_long_as_it_takes() {
     let nodes = RedisNodes::start(3).expect("3 redis nodes");
+    let options = || RedlockOptions::from_url(&nodes.url()).expect("the nodes' URL");
     for (name, options) in [
-        (
-            "node",
-            RedlockOptions::default().node_timeout(Duration::MAX),
-        ),
-        (
-            "connect",
-            RedlockOptions::default().connect_timeout(Duration::MAX),
-        ),
+        ("node", options().node_timeout(Duration::MAX)),
+        ("connect", options().connect_timeout(Duration::MAX)),
     ] {
-        let backend = RedlockBackend::connect_with(&nodes.url(), options)
+        let backend = RedlockBackend::connect_with(options)
             .await
             .expect("connect");
         locks_work(&Locker::new(backend), &format!("forever/builder/{name}")).await;

@@ -412,13 +412,8 @@ impl EtcdMember {
     }
 
     fn metrics(&self) -> io::Result<String> {
-        use std::io::{Read, Write};
-        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.client_port()))?;
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut body = String::new();
-        conn.read_to_string(&mut body)?;
-        Ok(body)
+        let address = format!("127.0.0.1:{}", self.client_port());
+        crate::http::get_blocking(&address, "/metrics")
     }
 
     fn wait_healthy(&self) -> io::Result<()> {

@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod etcd;
+pub mod http;
 mod postgres;
 mod process;
 mod proxy;

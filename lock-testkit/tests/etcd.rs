@@ -98,3 +98,35 @@ fn a_paused_member_is_unhealthy_until_resumed() -> io::Result<()> {
     assert!(member.is_healthy());
     Ok(())
 }
+
+/// A member's metrics are read over HTTP from plain code and from inside a
+/// runtime alike, and a path the member does not serve is an error.
+#[tokio::test]
+async fn metrics_are_read_inside_and_outside_a_runtime() -> io::Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .expect("start task")?;
+    let member = cluster.member(0);
+    // Inside this test's runtime.
+    assert!(member.counter("etcd_server_has_leader")? >= 1);
+    let address = format!("127.0.0.1:{}", member.client_port());
+    let metrics = lock_testkit::http::get(&address, "/metrics").await?;
+    assert!(metrics.contains("etcd_server_has_leader"), "{metrics}");
+    let missing = lock_testkit::http::get(&address, "/no-such-page").await;
+    assert!(
+        missing
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("404")),
+        "{missing:?}"
+    );
+    // Outside any runtime.
+    let (cluster, calls) = tokio::task::spawn_blocking(move || {
+        let calls = cluster.member(0).grpc_calls_started("Range");
+        (cluster, calls)
+    })
+    .await
+    .expect("read task");
+    calls?;
+    drop(cluster);
+    Ok(())
+}

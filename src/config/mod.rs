@@ -546,8 +546,8 @@ mod tests {
                 "response_timeout_ms",
             ),
             (
-                "etcd://u:hunter2@h:2379?request_timeout_ms=soon",
-                "request_timeout_ms",
+                "etcd://u:hunter2@h:2379?response_timeout_ms=soon",
+                "response_timeout_ms",
             ),
             ("redlock://u:hunter2@h1,h2,h3?colour=red", "colour"),
             ("postgres://u:hunter2@h/db?colour=red", "colour"),

@@ -57,7 +57,7 @@ pub(crate) fn master_name(url: &ServerUrl, path: String) -> Result<String> {
 /// can be granted to a second client while its first holder still holds
 /// it. [`capabilities`](LockBackend::capabilities) says so
 /// ([`Assumption::ReplicationCaughtUp`]); `min_replicas` narrows the window
-/// (see [`RedisOptions::with_min_replicas`]).
+/// (see [`RedisOptions::min_replicas`]).
 ///
 /// ```no_run
 /// # async fn demo() -> lock_core::Result<()> {
@@ -116,6 +116,7 @@ impl SentinelBackend {
     /// Connects with explicit options, read from a `redis+sentinel://` or
     /// `rediss+sentinel://` URL.
     pub async fn connect_with(options: RedisOptions) -> Result<SentinelBackend> {
+        let options = options.checked()?;
         let Some(master) = options.sentinel.clone() else {
             return Err(Error::invalid(
                 "url",
