@@ -3,6 +3,7 @@
 mod connection;
 mod eviction;
 mod line;
+mod permits;
 mod view;
 mod wake;
 
@@ -15,7 +16,7 @@ use lock_core::raw::{
 use lock_core::url::ServerUrl;
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, HeldLock, Lease, Limits, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
+    LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -370,6 +371,27 @@ impl RedisBackend {
         }
     }
 
+    /// An exclusive acquire's error: a key of the wrong type is a semaphore's.
+    fn acquire_error(&self, key: &LockKey, e: redis::RedisError) -> Error {
+        if permits::is_wrong_type(&e) {
+            return Error::ModeConflict {
+                key: key.to_string(),
+                held: None,
+                asked: Mode::Exclusive,
+            };
+        }
+        self.error(e)
+    }
+
+    /// An exclusive lease's extend or release error: a key of the wrong
+    /// type is a semaphore's, taken after the lease's grant lapsed.
+    fn settle_error(&self, lease: &Lease, e: redis::RedisError) -> Error {
+        if permits::is_wrong_type(&e) {
+            return Error::lost(lease.key().as_str(), LostReason::NotHeld);
+        }
+        self.error(e)
+    }
+
     fn error(&self, e: redis::RedisError) -> Error {
         map_error(self.inner.capabilities.backend, &self.inner.endpoint, e)
     }
@@ -396,6 +418,9 @@ fn capabilities(backend: &'static str, cluster: bool, waiter_lease: Duration) ->
         })
         .with_remaining_ttl(true)
         .with_lock_outlives_connection(true)
+        .with_semaphore(Offer::Offered {
+            waiting_order: WaitingOrder::Unordered,
+        })
         .with_tolerated_server_failures(0)
         .with_limits(Limits {
             min_ttl: Duration::from_millis(10),
@@ -415,13 +440,26 @@ impl LockBackend for RedisBackend {
         let reply = self
             .send_acquire(keys, owner, ttl)
             .await
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.acquire_error(key, e))?;
         match reply {
             AcquireReply::Granted(token) => Ok(Grant::new(token)),
             AcquireReply::Contended(remaining) => Err(Error::Contended {
                 key: key.to_string(),
                 remaining,
             }),
+        }
+    }
+
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Semaphore { permits } => self.try_acquire_permit(key, owner, ttl, permits).await,
+            _ => self.try_acquire(key, owner, ttl).await,
         }
     }
 
@@ -452,7 +490,7 @@ impl LockBackend for RedisBackend {
         match reply.map_err(|e| {
             // It may be in line: kept until the wait ends.
             inner.lines.hold(&keys, &entry);
-            self.error(e)
+            self.acquire_error(key, e)
         })? {
             AcquireReply::Granted(token) => {
                 inner.lines.let_go(&keys, &entry);
@@ -506,10 +544,13 @@ impl LockBackend for RedisBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        if let Mode::Semaphore { .. } = lease.mode() {
+            return self.extend_permit(lease, ttl).await;
+        }
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let extended = scripts::extend(&mut self.inner.conn.clone(), &keys, lease.owner(), ttl)
             .await
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.settle_error(lease, e))?;
         if extended {
             Ok(())
         } else {
@@ -518,11 +559,14 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Mode::Semaphore { .. } = lease.mode() {
+            return self.release_permit(lease).await;
+        }
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let released = self
             .send_release(keys, lease)
             .await
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.settle_error(lease, e))?;
         if released {
             Ok(())
         } else {

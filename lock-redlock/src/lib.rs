@@ -11,7 +11,7 @@ use std::time::Duration;
 use lock_core::raw::{GiveBack, Grant, WakeUpFuture, async_trait};
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
+    LockBackend, LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -142,7 +142,11 @@ impl RedlockBackend {
             .with_exclusion_resting_on([Assumption::ServerEvictsNoLockKeys])
             .with_wake_up(WakeUp::PubSub)
             .with_tolerated_server_failures(tolerated_failures(n))
-            .with_remaining_ttl(true);
+            .with_remaining_ttl(true)
+            .with_semaphore(Offer::Refused {
+                reason: "not built yet: a permit over independent masters must be counted on a majority, \
+                         and no sound count of holders across them is built",
+            });
         let capabilities = match eviction {
             Some(nodes) => capabilities.with_lock_key_eviction(nodes),
             None => capabilities,
