@@ -47,6 +47,9 @@ struct UsingDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/testing.md")]
 struct TestingDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/modes.md")]
+struct ModesDoctests;
 
 pub use lock_core::*;
 

@@ -64,8 +64,12 @@ pub(crate) struct Identity {
     name: String,
     /// The hold on each key, behind an async lock so that two tasks of the
     /// identity asking for a key it does not hold make one grant, not two.
-    holds: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Arc<Hold>>>>>>,
+    holds: Mutex<HashMap<String, Arc<KeyHold>>>,
 }
+
+/// The identity's current hold on one key, if any; locked while a grant
+/// for it is being taken.
+type KeyHold = tokio::sync::Mutex<Option<Arc<Hold>>>;
 
 /// One grant, shared by the holds counted on it.
 #[derive(Debug)]

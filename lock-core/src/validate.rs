@@ -190,6 +190,30 @@ pub fn timeout(option: &'static str, value: Duration) -> Result<Duration> {
     Ok(value)
 }
 
+/// Checks a mode's parameters (a semaphore's number of permits) and that
+/// the backend offers it: [`Error::InvalidInput`] naming `permits` and the
+/// limit, or [`Error::Unsupported`] with the backend's reason.
+pub fn mode(mode: Mode, capabilities: &crate::Capabilities) -> Result<Mode> {
+    if let Mode::Semaphore { permits } = mode {
+        if permits == 0 {
+            return Err(Error::invalid(
+                "permits",
+                "a semaphore of 0 permits could never be held; it needs at least 1",
+            ));
+        }
+        if permits > MAX_PERMITS {
+            return Err(Error::invalid(
+                "permits",
+                format!("a semaphore of {permits} permits; at most {MAX_PERMITS} are accepted"),
+            ));
+        }
+    }
+    if !capabilities.offer(&mode).is_offered() {
+        return Err(Error::unsupported_mode(capabilities, &mode));
+    }
+    Ok(mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,28 +312,4 @@ mod tests {
         .to_string();
         assert!(err.contains("drift margin"), "{err}");
     }
-}
-
-/// Checks a mode's parameters (a semaphore's number of permits) and that
-/// the backend offers it: [`Error::InvalidInput`] naming `permits` and the
-/// limit, or [`Error::Unsupported`] with the backend's reason.
-pub fn mode(mode: Mode, capabilities: &crate::Capabilities) -> Result<Mode> {
-    if let Mode::Semaphore { permits } = mode {
-        if permits == 0 {
-            return Err(Error::invalid(
-                "permits",
-                "a semaphore of 0 permits could never be held; it needs at least 1",
-            ));
-        }
-        if permits > MAX_PERMITS {
-            return Err(Error::invalid(
-                "permits",
-                format!("a semaphore of {permits} permits; at most {MAX_PERMITS} are accepted"),
-            ));
-        }
-    }
-    if !capabilities.offer(&mode).is_offered() {
-        return Err(Error::unsupported_mode(capabilities, &mode));
-    }
-    Ok(mode)
 }

@@ -194,7 +194,8 @@ pub async fn release_permit<C: ConnectionLike>(
     Ok(released == 1)
 }
 
-fn permits_key(keys: &crate::LockKeys) -> String {
+/// The key that holds the number of permits of `keys`' semaphore.
+pub fn permits_key(keys: &crate::LockKeys) -> String {
     format!("{}{PERMITS_SUFFIX}", keys.lock)
 }
 

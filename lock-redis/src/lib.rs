@@ -371,12 +371,16 @@ impl RedisBackend {
         }
     }
 
-    /// An exclusive acquire's error: a key of the wrong type is a semaphore's.
-    fn acquire_error(&self, key: &LockKey, e: redis::RedisError) -> Error {
-        if permits::is_wrong_type(&e) {
+    /// An exclusive acquire's error: a lock key of the wrong type is a
+    /// semaphore's (see `lock_redis_wire::semaphore`), which one more call,
+    /// on this rare path only, tells apart from a broken counter.
+    async fn acquire_error(&self, key: &LockKey, e: redis::RedisError) -> Error {
+        if permits::is_wrong_type(&e)
+            && let Some(held) = self.semaphore_on(key).await
+        {
             return Error::ModeConflict {
                 key: key.to_string(),
-                held: None,
+                held,
                 asked: Mode::Exclusive,
             };
         }
@@ -437,10 +441,10 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
         let keys = self.inner.settings.layout.keys(key.as_str());
-        let reply = self
-            .send_acquire(keys, owner, ttl)
-            .await
-            .map_err(|e| self.acquire_error(key, e))?;
+        let reply = match self.send_acquire(keys, owner, ttl).await {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.acquire_error(key, e).await),
+        };
         match reply {
             AcquireReply::Granted(token) => Ok(Grant::new(token)),
             AcquireReply::Contended(remaining) => Err(Error::Contended {
@@ -487,11 +491,15 @@ impl LockBackend for RedisBackend {
         )
         .await;
         give_back.disarm_if_answered(&reply);
-        match reply.map_err(|e| {
-            // It may be in line: kept until the wait ends.
-            inner.lines.hold(&keys, &entry);
-            self.acquire_error(key, e)
-        })? {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                // It may be in line: kept until the wait ends.
+                inner.lines.hold(&keys, &entry);
+                return Err(self.acquire_error(key, e).await);
+            }
+        };
+        match reply {
             AcquireReply::Granted(token) => {
                 inner.lines.let_go(&keys, &entry);
                 Ok(Grant::new(token))

@@ -74,6 +74,21 @@ impl RedisBackend {
         }
     }
 
+    /// `Some` when `key`'s lock key holds a semaphore, with its mode when
+    /// its number of permits is known.
+    pub(crate) async fn semaphore_on(&self, key: &LockKey) -> Option<Option<Mode>> {
+        let keys = self.inner.settings.layout.keys(key.as_str());
+        let (kind, permits): (String, Option<u32>) = redis::pipe()
+            .cmd("TYPE")
+            .arg(&keys.lock)
+            .cmd("GET")
+            .arg(semaphore::permits_key(&keys))
+            .query_async(&mut self.inner.conn.clone())
+            .await
+            .ok()?;
+        (kind == "zset").then(|| permits.map(Mode::semaphore))
+    }
+
     /// Gives back, in a task of its own, the permit an attempt may hold.
     /// Sent on the same connection after the attempt, so it runs after it.
     fn give_back_permit(&self, keys: &LockKeys, owner: &OwnerToken) {
