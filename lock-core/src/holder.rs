@@ -175,7 +175,15 @@ impl Holder {
         {
             return Ok(HeldGuard::new(self, hold.clone()));
         }
-        let guard = self.locker.guard_in(key, mode, options).await?;
+        let guard = match self.locker.guard_in(key, mode, options).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                drop(current);
+                drop(cell);
+                self.forget_if_idle(key);
+                return Err(e);
+            }
+        };
         let hold = Arc::new(Hold {
             key: valid,
             mode,
