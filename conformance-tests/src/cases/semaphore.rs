@@ -135,7 +135,8 @@ pub async fn an_expired_permit_comes_back(fx: &Fixture) {
 
 /// The number of permits is part of the key's identity while it is held:
 /// another number, or an exclusive lock, is refused naming both modes;
-/// a semaphore on an exclusively held key too. Once free, the key takes any.
+/// a semaphore on an exclusively held key too. Once free, the key takes
+/// any, and fencing tokens keep increasing across the modes.
 pub async fn disagreeing_modes_are_refused(fx: &Fixture) {
     if !offers_semaphores(fx) {
         return;
@@ -162,12 +163,18 @@ pub async fn disagreeing_modes_are_refused(fx: &Fixture) {
         matches!(exclusive, Err(Error::ModeConflict { .. })),
         "an exclusive lock on a semaphore's key: {exclusive:?}"
     );
+    let permit_token = held.fencing_token();
     fx.locker.release(held).await.expect("release");
     let plain = fx
         .other
         .try_acquire(&key, LONG_TTL)
         .await
         .expect("free again");
+    assert!(
+        plain.fencing_token() > permit_token,
+        "an exclusive grant's token after a permit's"
+    );
+    let plain_token = plain.fencing_token();
     let on_plain = fx
         .locker
         .acquire_in(&key, Mode::semaphore(2), LONG_TTL, Wait::NONE)
@@ -182,6 +189,10 @@ pub async fn disagreeing_modes_are_refused(fx: &Fixture) {
         .acquire_in(&key, Mode::semaphore(5), LONG_TTL, Wait::NONE)
         .await
         .expect("a free key takes a new number of permits");
+    assert!(
+        five.fencing_token() > plain_token,
+        "a permit's token after an exclusive grant's"
+    );
     fx.other.release(five).await.expect("release");
 }
 
