@@ -70,6 +70,17 @@ pub async fn semaphore_admits_n_holders_and_then_the_next(fx: &Fixture) {
     let third = here.guard().await.expect("permit 3");
     assert!(first.fencing_token() < second.fencing_token());
     assert!(second.fencing_token() < third.fencing_token());
+    // Where the backend lists locks, each holder is listed with the number.
+    match fx.locker.inspect(&key).await {
+        Ok(held) => {
+            assert_eq!(held.len(), 3, "one entry per permit holder: {held:?}");
+            assert!(
+                held.iter().all(|h| h.mode == Mode::semaphore(3)),
+                "{held:?}"
+            );
+        }
+        Err(e) => assert!(e.is_unsupported(), "{e}"),
+    }
     match there.guard().await {
         Err(Error::Contended { remaining, .. }) => {
             if fx.locker.capabilities().reports_remaining_ttl {
