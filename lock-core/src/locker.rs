@@ -194,7 +194,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease> {
-        self.acquire_in(key, Mode::Exclusive, ttl, Wait::NONE).await
+        self.acquire_as("try_acquire", key, Mode::Exclusive, ttl, Wait::NONE)
+            .await
     }
 
     async fn attempt(&self, key: LockKey, ttl: Duration, mode: Mode) -> Result<Lease> {
@@ -233,15 +234,20 @@ impl Locker {
         ttl: Duration,
         wait: Wait,
     ) -> Result<Lease> {
+        self.acquire_as("acquire", key, mode, ttl, wait).await
+    }
+
+    /// Takes `key` in `mode`, traced as the operation `op`.
+    async fn acquire_as(
+        &self,
+        op: &'static str,
+        key: &str,
+        mode: Mode,
+        ttl: Duration,
+        wait: Wait,
+    ) -> Result<Lease> {
         let wait = wait.limit();
-        let span = self.span(
-            if wait.is_zero() {
-                "try_acquire"
-            } else {
-                "acquire"
-            },
-            key,
-        );
+        let span = self.span(op, key);
         async {
             let (valid, ttl) = (self.key(key)?, self.ttl(ttl)?);
             let mode = validate::mode(mode, self.capabilities())?;
@@ -287,7 +293,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Wait) -> Result<Lease> {
-        self.acquire_in(key, Mode::Exclusive, ttl, wait).await
+        self.acquire_as("acquire", key, Mode::Exclusive, ttl, wait)
+            .await
     }
 
     /// Asks for `key` until granted or `wait` from `started` has passed.
