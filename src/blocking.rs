@@ -102,6 +102,22 @@ impl Locker {
         })
     }
 
+    /// Takes `key` in `mode` (one permit of a semaphore:
+    /// `Mode::semaphore(n)`), as [`crate::Locker::guard_in`] does, and keeps
+    /// it renewed in the background until the guard is released or dropped.
+    pub fn guard_in(
+        &self,
+        key: &str,
+        mode: crate::Mode,
+        options: GuardOptions,
+    ) -> Result<LockGuard> {
+        let inner = self.engine.run(self.inner.guard_in(key, mode, options))??;
+        Ok(LockGuard {
+            inner: Some(inner),
+            engine: self.engine.clone(),
+        })
+    }
+
     /// Runs `work` on this thread while holding `key`, then releases it.
     /// `work` cannot be interrupted: if the lock was lost before it
     /// finished, its output is dropped and [`Error::Lost`] returned, so

@@ -53,6 +53,9 @@ struct BackendsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/operations.md")]
 struct OperationsDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/modes.md")]
+struct ModesDoctests;
 
 pub use lock_core::*;
 

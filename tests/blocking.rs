@@ -110,3 +110,31 @@ fn inside_an_async_runtime_it_refuses_instead_of_stalling_or_panicking() {
         drop(locker);
     });
 }
+
+/// A semaphore's permits from synchronous code, where the backend offers
+/// semaphores; a clear refusal where it does not.
+#[test]
+fn permits_of_a_semaphore_from_synchronous_code() {
+    use lockkit::Mode;
+    for (backend, url) in backends() {
+        let locker = lockkit::blocking::connect(&url).expect("connect");
+        let key = key("permits");
+        let options = GuardOptions::new(Duration::from_secs(30));
+        let mode = Mode::semaphore(2);
+        if !locker.capabilities().offer(&mode).is_offered() {
+            let refused = locker.guard_in(&key, mode, options).unwrap_err();
+            assert!(refused.is_unsupported(), "{backend}: {refused}");
+            continue;
+        }
+        let first = locker.guard_in(&key, mode, options).expect("permit 1");
+        let second = locker.guard_in(&key, mode, options).expect("permit 2");
+        let third = locker
+            .guard_in(&key, mode, options)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(third.is_contended(), "{backend}: {third}");
+        assert!(second.fencing_token() > first.fencing_token(), "{backend}");
+        first.release().expect("release");
+        second.release().expect("release");
+    }
+}

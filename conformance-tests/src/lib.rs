@@ -46,6 +46,16 @@ macro_rules! conformance_suite {
             invalid_input_is_refused_and_leaves_nothing_held,
             capabilities_are_consistent,
             operator_view_and_force_release_keep_their_promises,
+            reentrant_holds_count_and_the_last_release_frees,
+            a_lost_grant_reaches_every_hold,
+            a_holder_name_is_one_identity_in_one_process,
+            semaphores_are_offered_or_refused_with_a_reason,
+            semaphore_admits_n_holders_and_then_the_next,
+            an_expired_permit_comes_back,
+            disagreeing_modes_are_refused,
+            semaphore_input_is_validated,
+            never_more_than_n_holders_under_contention,
+            dropped_permit_attempt_gives_its_permit_back,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::raw::{Grant, Place, Waiting};
 use crate::{
-    Capabilities, Error, HeldLock, Lease, LockKey, LockReport, LostReason, OwnerToken, Result,
+    Capabilities, Error, HeldLock, Lease, LockKey, LockReport, LostReason, Mode, OwnerToken, Result,
 };
 
 /// A future that completes when a lock may have been released.
@@ -73,6 +73,55 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         wait: &Waiting,
     ) -> Result<Grant> {
         crate::wait::poll_until_granted(self, key, owner, ttl, wait).await
+    }
+
+    /// One attempt to grant `key` in `mode` (validated, and offered by
+    /// [`capabilities`](Self::capabilities)) to `owner` for `ttl`, as
+    /// [`try_acquire`](Self::try_acquire) does for the exclusive mode.
+    /// Refused with [`Error::Contended`] while the mode admits no more
+    /// holders, and with [`Error::ModeConflict`] while the key is held in
+    /// another mode. Every grant, whatever its mode, gets a fencing token
+    /// above every earlier grant's on the key.
+    ///
+    /// The lease of the grant carries its mode ([`Lease::mode`]), so that
+    /// [`extend`](Self::extend) and [`release`](Self::release) can tell a
+    /// permit from an exclusive grant. The default serves the exclusive
+    /// mode through `try_acquire` and refuses the others with
+    /// [`Error::Unsupported`]: a backend overrides it for the modes it
+    /// declares in its capabilities.
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Exclusive => self.try_acquire(key, owner, ttl).await,
+            other => Err(Error::unsupported_mode(self.capabilities(), &other)),
+        }
+    }
+
+    /// Waits for a grant in `mode` until `wait.until`, as
+    /// [`acquire`](Self::acquire) does for the exclusive mode (the default
+    /// calls it for that mode). For the other modes the default polls
+    /// [`try_acquire_in`](Self::try_acquire_in) with jittered backoff, woken
+    /// early by [`on_release`](Self::on_release), in no particular order.
+    async fn acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+        wait: &Waiting,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Exclusive => self.acquire(key, owner, ttl, wait).await,
+            other => {
+                crate::wait_in_mode::poll_mode_until_granted(self, key, owner, ttl, other, wait)
+                    .await
+            }
+        }
     }
 
     /// Moves the grant's expiry to `ttl` from now, only if `lease` still holds

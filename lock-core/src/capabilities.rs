@@ -6,6 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::{Mode, Modes, Offer};
+
 /// A backend's promises and limits. Built with [`Capabilities::new`] and the
 /// `with_*` methods, so that new fields do not break backends.
 ///
@@ -51,6 +53,8 @@ pub struct Capabilities {
     /// bytes) on node #2 (10.0.0.2:6379)". `None` when it found none (or
     /// could not tell, which it logs).
     pub lock_key_eviction: Option<String>,
+    /// The modes offered beyond the exclusive lock, and why one is not.
+    pub modes: Modes,
 }
 
 impl Capabilities {
@@ -75,6 +79,32 @@ impl Capabilities {
             },
             exclusion_rests_on: Vec::new(),
             lock_key_eviction: None,
+            modes: Modes::default(),
+        }
+    }
+
+    /// Declares whether the backend offers semaphores
+    /// ([`Mode::Semaphore`]), and in what order their waiters are granted.
+    pub fn with_semaphore(mut self, offer: Offer) -> Self {
+        self.modes.semaphore = offer;
+        self
+    }
+
+    /// What the backend says about `mode`. The exclusive lock is offered
+    /// everywhere, its waiters granted in [`waiting_order`](Self::waiting_order).
+    ///
+    /// ```
+    /// use lock_core::{Locker, MemoryBackend, Mode};
+    ///
+    /// let caps = Locker::new(MemoryBackend::new()).capabilities().clone();
+    /// assert!(caps.offer(&Mode::semaphore(3)).is_offered());
+    /// ```
+    pub fn offer(&self, mode: &Mode) -> Offer {
+        match mode {
+            Mode::Exclusive => Offer::Offered {
+                waiting_order: self.waiting_order,
+            },
+            Mode::Semaphore { .. } => self.modes.semaphore,
         }
     }
 

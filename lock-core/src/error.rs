@@ -111,12 +111,29 @@ pub enum Error {
 
     /// The backend does not offer this optional operation (for example the
     /// operator's listing of held locks).
-    #[error("the {backend} backend does not support {operation}")]
+    #[error("the {backend} backend does not support {operation}{}", reason_suffix(*.reason))]
     Unsupported {
         /// Backend name.
         backend: &'static str,
         /// What was asked.
         operation: &'static str,
+        /// Why, when the backend says (as its
+        /// [`Capabilities::modes`](crate::Capabilities::modes) do for a mode).
+        reason: Option<&'static str>,
+    },
+
+    /// The key is held in another mode than the one asked for (an
+    /// exclusive lock on a semaphore's key, or a semaphore with another
+    /// number of permits). A key's mode is set by its first holder and
+    /// stays while it has holders.
+    #[error("lock `{key}` is held as {}; asked for {asked}", held_text(*.held))]
+    ModeConflict {
+        /// The key.
+        key: String,
+        /// The mode it is held in, when the backend can tell.
+        held: Option<crate::Mode>,
+        /// The mode asked for.
+        asked: crate::Mode,
     },
 
     /// The backend answered with an error that fits no other kind.
@@ -130,6 +147,14 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
+}
+
+fn reason_suffix(reason: Option<&'static str>) -> String {
+    reason.map(|r| format!(" ({r})")).unwrap_or_default()
+}
+
+fn held_text(held: Option<crate::Mode>) -> String {
+    held.map_or_else(|| "another mode".to_owned(), |m| m.to_string())
 }
 
 fn remaining_suffix(remaining: Option<Duration>) -> String {
@@ -189,7 +214,30 @@ impl Error {
 
     /// Builds an [`Error::Unsupported`].
     pub fn unsupported(backend: &'static str, operation: &'static str) -> Self {
-        Error::Unsupported { backend, operation }
+        Error::Unsupported {
+            backend,
+            operation,
+            reason: None,
+        }
+    }
+
+    /// The [`Error::Unsupported`] of a backend asked for a mode it lacks,
+    /// with the reason its capabilities give.
+    pub fn unsupported_mode(capabilities: &crate::Capabilities, mode: &crate::Mode) -> Self {
+        let reason = match capabilities.offer(mode) {
+            crate::Offer::Refused { reason } => Some(reason),
+            _ => None,
+        };
+        Error::Unsupported {
+            backend: capabilities.backend,
+            operation: mode.operation(),
+            reason,
+        }
+    }
+
+    /// True for [`Error::ModeConflict`].
+    pub fn is_mode_conflict(&self) -> bool {
+        matches!(self, Error::ModeConflict { .. })
     }
 
     /// Builds an [`Error::Lost`].

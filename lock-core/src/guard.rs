@@ -211,7 +211,7 @@ impl LockGuard {
 
     /// Completes when the lock is lost. Can be awaited from another task, any
     /// number of times; it does not borrow the guard.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static + use<> {
         let mut status = self.status.clone();
         async move {
             loop {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::observe::Held;
-use crate::{FencingToken, LockKey, OwnerToken};
+use crate::{FencingToken, LockKey, Mode, OwnerToken};
 
 /// Backend-private state that travels with a lease (an etcd lease id, the
 /// PostgreSQL connection that holds the row lock, ...).
@@ -103,6 +103,7 @@ pub struct Lease {
     ttl: Duration,
     deadline: Instant,
     state: Option<LeaseState>,
+    mode: Mode,
     /// Its standing in this process's count of held locks.
     pub(crate) held: Held,
 }
@@ -125,6 +126,7 @@ impl Lease {
             ttl,
             deadline,
             state: None,
+            mode: Mode::Exclusive,
             held: Held::rebuilt(),
         }
     }
@@ -135,8 +137,10 @@ impl Lease {
         ttl: Duration,
         deadline: Instant,
         grant: Grant,
+        mode: Mode,
     ) -> Self {
         Lease {
+            mode,
             key,
             owner,
             token: grant.token,
@@ -145,6 +149,19 @@ impl Lease {
             state: grant.state,
             held: Held::granted(),
         }
+    }
+
+    /// A rebuilt lease for a grant in `mode` (a semaphore's permit);
+    /// [`from_parts`](Self::from_parts) makes an exclusive one.
+    pub fn in_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The mode the grant was made in: backends that offer several extend
+    /// and release each in its own way.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The lock's key.
@@ -199,6 +216,7 @@ impl std::fmt::Debug for Lease {
             .field("key", &self.key)
             .field("owner", &self.owner)
             .field("fencing_token", &self.token)
+            .field("mode", &self.mode)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish()

@@ -8,16 +8,19 @@ mod fencing;
 mod give_back;
 mod guard;
 mod handle;
+mod holder;
 pub mod human;
 mod key;
 mod lease;
 mod locker;
 mod memory;
+mod mode;
 mod observe;
 mod operator;
 mod owner;
 mod patience;
 mod place;
+mod semaphore;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;
 pub mod url;
@@ -26,6 +29,7 @@ pub mod url;
 pub mod validate;
 #[doc(hidden)]
 pub mod wait;
+mod wait_in_mode;
 
 pub use backend::{DynBackend, LockBackend};
 pub use capabilities::{
@@ -37,14 +41,17 @@ pub use error::{BoxError, Error, LostReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
 pub use guard::{GuardOptions, LockGuard};
 pub use handle::Lock;
+pub use holder::{HeldGuard, Holder};
 pub use key::LockKey;
 pub use lease::{Lease, LeaseState};
 pub use locker::{Locker, LockerOptions};
 pub use memory::MemoryBackend;
+pub use mode::{MAX_PERMITS, Mode, Modes, Offer};
 pub use observe::KeyLabel;
 pub use operator::{HeldLock, LockReport};
 pub use owner::{OwnerToken, Secret};
 pub use patience::Wait;
+pub use semaphore::Semaphore;
 pub use wait::{Backoff, WAITING_EVENT_TARGET};
 
 /// For those who write a backend: what [`LockBackend`]'s methods take and
@@ -59,5 +66,6 @@ pub mod raw {
     pub use crate::lease::Grant;
     pub use crate::place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};
     pub use crate::wait::Waiting;
+    pub use crate::wait_in_mode::poll_mode_until_granted;
     pub use crate::{validate, wait};
 }

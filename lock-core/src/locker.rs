@@ -13,7 +13,7 @@ use crate::observe::{GiveBackCause, Observer};
 use crate::raw::{Grant, Waiting};
 use crate::{
     Backoff, Capabilities, DriftMargin, DynBackend, Error, FencingToken, HeldLock, KeyLabel, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, Wait, validate,
+    LockBackend, LockKey, LostReason, Mode, OwnerToken, Result, Wait, validate,
 };
 
 /// The longest wait: about 30 years, as far as any clock here can count
@@ -88,6 +88,7 @@ pub struct Locker {
     backend: Arc<DynBackend>,
     options: LockerOptions,
     observer: Arc<Observer>,
+    holders: Arc<crate::holder::Holders>,
 }
 
 impl Locker {
@@ -103,6 +104,7 @@ impl Locker {
             backend,
             options: LockerOptions::default(),
             observer,
+            holders: Arc::default(),
         }
     }
 
@@ -113,6 +115,10 @@ impl Locker {
         }
         self.options = options;
         self
+    }
+
+    pub(crate) fn holders(&self) -> &crate::holder::Holders {
+        &self.holders
     }
 
     pub(crate) fn observer(&self) -> &Observer {
@@ -188,24 +194,77 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lease> {
-        let span = self.span("try_acquire", key);
+        self.acquire_as("try_acquire", key, Mode::Exclusive, ttl, Wait::NONE)
+            .await
+    }
+
+    async fn attempt(&self, key: LockKey, ttl: Duration, mode: Mode) -> Result<Lease> {
+        let owner = OwnerToken::random();
+        let sent = Instant::now();
+        let mut grant = self.backend.try_acquire_in(&key, &owner, ttl, mode).await?;
+        grant.sent_at.get_or_insert(sent);
+        self.lease_from(key, owner, ttl, grant, mode)
+    }
+
+    /// Takes `key` for `ttl` in `mode`, waiting as `wait` says, as
+    /// [`acquire`](Self::acquire) does for the exclusive mode. A mode the
+    /// backend lacks is refused with [`Error::Unsupported`] (its
+    /// capabilities say why); a key held in another mode (a semaphore with
+    /// another number of permits) with [`Error::ModeConflict`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Locker, MemoryBackend, Mode, Wait};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let ttl = Duration::from_secs(10);
+    /// let first = locker.acquire_in("partner-api", Mode::semaphore(2), ttl, Wait::NONE).await?;
+    /// let second = locker.acquire_in("partner-api", Mode::semaphore(2), ttl, Wait::NONE).await?;
+    /// let third = locker.acquire_in("partner-api", Mode::semaphore(2), ttl, Wait::NONE).await;
+    /// assert!(third.unwrap_err().is_contended());
+    /// assert!(second.fencing_token() > first.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_in(
+        &self,
+        key: &str,
+        mode: Mode,
+        ttl: Duration,
+        wait: Wait,
+    ) -> Result<Lease> {
+        self.acquire_as("acquire", key, mode, ttl, wait).await
+    }
+
+    /// Takes `key` in `mode`, traced as the operation `op`.
+    async fn acquire_as(
+        &self,
+        op: &'static str,
+        key: &str,
+        mode: Mode,
+        ttl: Duration,
+        wait: Wait,
+    ) -> Result<Lease> {
+        let wait = wait.limit();
+        let span = self.span(op, key);
         async {
             let (valid, ttl) = (self.key(key)?, self.ttl(ttl)?);
+            let mode = validate::mode(mode, self.capabilities())?;
             let started = Instant::now();
             let attempt = self.observer.attempt(key);
-            let outcome = self.attempt(valid, ttl).await;
+            let outcome = if wait.is_zero() {
+                // "Busy" reads the same from every entry point: Contended.
+                self.attempt(valid, ttl, mode).await
+            } else {
+                self.wait_for(valid, ttl, mode, wait, started).await
+            };
             attempt.answered();
             self.observer.acquired(key, &outcome, started.elapsed());
             outcome
         }
         .instrument(span)
         .await
-    }
-
-    async fn attempt(&self, key: LockKey, ttl: Duration) -> Result<Lease> {
-        let owner = OwnerToken::random();
-        let grant = crate::wait::attempt(&*self.backend, &key, &owner, ttl).await?;
-        self.lease_from(key, owner, ttl, grant)
     }
 
     /// Takes `key` for `ttl`, waiting as `wait` says for the holder to let
@@ -234,24 +293,8 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, ttl: Duration, wait: Wait) -> Result<Lease> {
-        let wait = wait.limit();
-        let span = self.span("acquire", key);
-        async {
-            let (valid, ttl) = (self.key(key)?, self.ttl(ttl)?);
-            let started = Instant::now();
-            let attempt = self.observer.attempt(key);
-            let outcome = if wait.is_zero() {
-                // "Busy" reads the same from every entry point: Contended.
-                self.attempt(valid, ttl).await
-            } else {
-                self.wait_for(valid, ttl, wait, started).await
-            };
-            attempt.answered();
-            self.observer.acquired(key, &outcome, started.elapsed());
-            outcome
-        }
-        .instrument(span)
-        .await
+        self.acquire_as("acquire", key, Mode::Exclusive, ttl, wait)
+            .await
     }
 
     /// Asks for `key` until granted or `wait` from `started` has passed.
@@ -259,6 +302,7 @@ impl Locker {
         &self,
         key: LockKey,
         ttl: Duration,
+        mode: Mode,
         wait: Duration,
         started: Instant,
     ) -> Result<Lease> {
@@ -274,13 +318,16 @@ impl Locker {
         loop {
             let owner = OwnerToken::random();
             let asked = Instant::now();
-            let mut grant = self.backend.acquire(&key, &owner, ttl, &waiting).await?;
+            let mut grant = self
+                .backend
+                .acquire_in(&key, &owner, ttl, mode, &waiting)
+                .await?;
             // Backends that wait in the server report when the winning request
             // went out; otherwise the start of this round is the safe bound.
             grant.sent_at.get_or_insert(asked);
             // A retry of the wait may have won with an owner of its own.
             let owner = grant.owner.take().unwrap_or(owner);
-            match self.lease_from(key.clone(), owner, ttl, grant) {
+            match self.lease_from(key.clone(), owner, ttl, grant, mode) {
                 Err(Error::Lost {
                     reason: LostReason::ReplyTooLate,
                     ..
@@ -303,10 +350,11 @@ impl Locker {
         owner: OwnerToken,
         ttl: Duration,
         grant: Grant,
+        mode: Mode,
     ) -> Result<Lease> {
         let sent = grant.sent_at.unwrap_or_else(Instant::now);
         let deadline = self.options.drift.deadline(sent, ttl, grant.extra_margin);
-        let mut lease = Lease::from_grant(key, owner, ttl, deadline, grant);
+        let mut lease = Lease::from_grant(key, owner, ttl, deadline, grant, mode);
         if !lease.is_within_deadline() {
             let error = Error::lost(lease.key().as_str(), LostReason::ReplyTooLate);
             self.observer
@@ -433,6 +481,18 @@ impl Locker {
     /// # Ok(()) }
     /// ```
     pub async fn guard(&self, key: &str, options: GuardOptions) -> Result<LockGuard> {
+        self.guard_in(key, Mode::Exclusive, options).await
+    }
+
+    /// Takes `key` in `mode` (waiting up to `options.wait`) and keeps the
+    /// grant renewed, as [`guard`](Self::guard) does for the exclusive mode.
+    /// [`Semaphore`](crate::Semaphore) handles call it.
+    pub async fn guard_in(
+        &self,
+        key: &str,
+        mode: Mode,
+        options: GuardOptions,
+    ) -> Result<LockGuard> {
         let ttl = self.ttl(options.ttl)?;
         let validity = self.options.drift.validity(ttl, Duration::ZERO);
         let every = options.renew_interval();
@@ -445,7 +505,9 @@ impl Locker {
                 ),
             ));
         }
-        let lease = self.acquire(key, ttl, Wait::at_most(options.wait)).await?;
+        let lease = self
+            .acquire_in(key, mode, ttl, Wait::at_most(options.wait))
+            .await?;
         Ok(LockGuard::spawn(self.clone(), lease, every))
     }
 
@@ -459,7 +521,22 @@ impl Locker {
         F: FnOnce(FencingToken) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.guard(key, options).await?;
+        self.with_guard(key, Mode::Exclusive, options, work).await
+    }
+
+    /// Runs `work` while holding `key` in `mode`; see [`with_lock`](Self::with_lock).
+    pub(crate) async fn with_guard<F, Fut, T>(
+        &self,
+        key: &str,
+        mode: Mode,
+        options: GuardOptions,
+        work: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.guard_in(key, mode, options).await?;
         let lost = guard.lost();
         let output = tokio::select! {
             biased;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::raw::{GiveBack, Grant, LeaveFuture, LossFuture, Place, WakeUpFuture};
 use crate::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, HeldLock, Lease, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
+    LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 
 /// Locks kept in this process's memory. Clones share the same locks.
@@ -54,6 +54,8 @@ struct State {
 #[derive(Debug)]
 struct Slot {
     holder: Option<Holder>,
+    /// The key's holders while it is a semaphore (then `holder` is `None`).
+    semaphore: Option<Permits>,
     /// The waiting line, head first: while it has a live head, only that
     /// waiter is granted the free key.
     line: VecDeque<InLine>,
@@ -68,6 +70,13 @@ struct InLine {
     expires_at: Instant,
 }
 
+/// A semaphore's holders, at most `limit` of them live.
+#[derive(Debug)]
+struct Permits {
+    limit: u32,
+    holders: Vec<Holder>,
+}
+
 #[derive(Debug)]
 struct Holder {
     owner: OwnerToken,
@@ -78,7 +87,8 @@ struct Holder {
 /// The latest removal of a grant on a key: whose, and why.
 #[derive(Debug, Clone, Default)]
 struct Removal {
-    owner: Option<OwnerToken>,
+    /// Every grant removed at once: a semaphore's faults remove them all.
+    owners: Vec<OwnerToken>,
     reason: Option<LostReason>,
 }
 
@@ -86,6 +96,7 @@ impl Slot {
     fn new() -> Self {
         Slot {
             holder: None,
+            semaphore: None,
             line: VecDeque::new(),
             removals: watch::channel(Removal::default()).0,
         }
@@ -115,17 +126,50 @@ impl Slot {
         }
     }
 
-    fn remove(&mut self, reason: LostReason) -> bool {
-        match self.holder.take() {
-            Some(h) => {
-                self.removals.send_replace(Removal {
-                    owner: Some(h.owner),
-                    reason: Some(reason),
-                });
-                true
-            }
-            None => false,
+    /// The semaphore's live holders, once expired ones are dropped.
+    fn live_permits(&mut self, now: Instant) -> Option<&mut Permits> {
+        let permits = self.semaphore.as_mut()?;
+        permits.holders.retain(|h| h.expires_at > now);
+        if permits.holders.is_empty() {
+            self.semaphore = None;
         }
+        self.semaphore.as_mut()
+    }
+
+    /// The mode the key is held in now, if held.
+    fn held_mode(&mut self, now: Instant) -> Option<Mode> {
+        if self.live_holder(now).is_some() {
+            return Some(Mode::Exclusive);
+        }
+        self.live_permits(now).map(|p| Mode::semaphore(p.limit))
+    }
+
+    /// Removes every grant on the key: the exclusive one, or all permits.
+    fn remove(&mut self, reason: LostReason) -> bool {
+        let mut owners: Vec<OwnerToken> = self.holder.take().into_iter().map(|h| h.owner).collect();
+        if let Some(permits) = self.semaphore.take() {
+            owners.extend(permits.holders.into_iter().map(|h| h.owner));
+        }
+        self.removed(owners, reason)
+    }
+
+    /// Tells waiters and loss signals that `owners` lost their grants.
+    fn removed(&mut self, owners: Vec<OwnerToken>, reason: LostReason) -> bool {
+        if owners.is_empty() {
+            return false;
+        }
+        self.removals.send_replace(Removal {
+            owners,
+            reason: Some(reason),
+        });
+        true
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none()
+            && self.semaphore.is_none()
+            && self.line.is_empty()
+            && self.removals.receiver_count() == 0
     }
 }
 
@@ -163,6 +207,9 @@ impl MemoryBackend {
                 stall: Stall::WaiterLease(waiter_lease),
             })
             .with_remaining_ttl(true)
+            .with_semaphore(Offer::Offered {
+                waiting_order: WaitingOrder::Unordered,
+            })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -189,6 +236,13 @@ impl MemoryBackend {
         let now = Instant::now();
         let token = FencingToken::new(state.last_token + 1);
         let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
+        if let Some(held @ Mode::Semaphore { .. }) = slot.held_mode(now) {
+            return Err(Error::ModeConflict {
+                key: key.to_string(),
+                held: Some(held),
+                asked: Mode::Exclusive,
+            });
+        }
         let remaining = slot.live_holder(now).map(|h| h.expires_at - now);
         let others_turn = slot.live_head(now).is_some_and(|head| Some(head) != place);
         if remaining.is_some() || others_turn {
@@ -216,14 +270,84 @@ impl MemoryBackend {
         Ok((Grant::new(token).sent_at(now), late))
     }
 
-    /// Removes `owner`'s grant on `key`, if it still has it.
-    fn remove_owned(&self, key: &LockKey, owner: &OwnerToken) {
+    /// Grants one of `key`'s `permits` permits to `owner`, if one is free;
+    /// the key's first holder sets its number of permits.
+    fn grant_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        permits: u32,
+    ) -> Result<(Grant, Option<Duration>)> {
         let mut state = self.state();
-        if let Some(slot) = state.slots.get_mut(key.as_str())
-            && slot.holder.as_ref().is_some_and(|h| h.owner == *owner)
-        {
-            slot.remove(LostReason::Released);
+        if state.unavailable {
+            return Err(self.unavailable());
         }
+        let now = Instant::now();
+        let token = FencingToken::new(state.last_token + 1);
+        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
+        let asked = Mode::semaphore(permits);
+        match slot.held_mode(now) {
+            Some(held) if held != asked => {
+                return Err(Error::ModeConflict {
+                    key: key.to_string(),
+                    held: Some(held),
+                    asked,
+                });
+            }
+            _ => {}
+        }
+        let taken = slot.semaphore.get_or_insert_with(|| Permits {
+            limit: permits,
+            holders: Vec::new(),
+        });
+        // An earlier run of this very request (see `LockBackend::try_acquire`).
+        taken.holders.retain(|h| h.owner != *owner);
+        if taken.holders.len() >= permits as usize {
+            let first_free = taken.holders.iter().map(|h| h.expires_at - now).min();
+            return Err(Error::Contended {
+                key: key.to_string(),
+                remaining: first_free,
+            });
+        }
+        taken.holders.push(Holder {
+            owner: owner.clone(),
+            token,
+            expires_at: now + ttl,
+        });
+        state.last_token = token.get();
+        let late = (state.late_grants > 0).then(|| {
+            state.late_grants -= 1;
+            state.grant_delay
+        });
+        Ok((Grant::new(token).sent_at(now), late))
+    }
+
+    /// Removes `owner`'s grant on `key` (exclusive or a permit), if it
+    /// still has it.
+    fn remove_owned(&self, key: &LockKey, owner: &OwnerToken) -> bool {
+        let mut state = self.state();
+        let Some(slot) = state.slots.get_mut(key.as_str()) else {
+            return false;
+        };
+        let removed = if slot.holder.as_ref().is_some_and(|h| h.owner == *owner) {
+            slot.remove(LostReason::Released)
+        } else if let Some(permits) = slot.semaphore.as_mut()
+            && let Some(at) = permits.holders.iter().position(|h| h.owner == *owner)
+        {
+            permits.holders.swap_remove(at);
+            if permits.holders.is_empty() {
+                slot.semaphore = None;
+            }
+            slot.removed(vec![owner.clone()], LostReason::Released)
+        } else {
+            false
+        };
+        if slot.is_idle() {
+            // Nobody waits on this key: forget it, so memory tracks held locks only.
+            state.slots.remove(key.as_str());
+        }
+        removed
     }
 
     /// Takes `place` out of the line of `key`, waking the waiters when it
@@ -240,7 +364,7 @@ impl MemoryBackend {
             // waiters (a removal with no reason, which loss signals ignore).
             slot.removals.send_replace(Removal::default());
         }
-        if slot.holder.is_none() && slot.line.is_empty() && slot.removals.receiver_count() == 0 {
+        if slot.is_idle() {
             state.slots.remove(key.as_str());
         }
     }
@@ -256,7 +380,9 @@ impl MemoryBackend {
             return Ok(grant);
         };
         // Dropped while the reply is on its way: nobody will hold the grant.
-        let give_back = GiveBack::armed(|| self.remove_owned(key, owner));
+        let give_back = GiveBack::armed(|| {
+            self.remove_owned(key, owner);
+        });
         tokio::time::sleep(delay).await;
         give_back.disarm();
         Ok(grant)
@@ -350,6 +476,20 @@ impl LockBackend for MemoryBackend {
         self.reply(key, owner, granted).await
     }
 
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        let granted = match mode {
+            Mode::Semaphore { permits } => self.grant_permit(key, owner, ttl, permits)?,
+            _ => self.grant(key, owner, ttl, None)?,
+        };
+        self.reply(key, owner, granted).await
+    }
+
     async fn try_acquire_queued(
         &self,
         key: &LockKey,
@@ -383,10 +523,13 @@ impl LockBackend for MemoryBackend {
             return Err(self.unavailable());
         }
         let now = Instant::now();
-        let holder = state
-            .slots
-            .get_mut(lease.key().as_str())
-            .and_then(|s| s.holder.as_mut());
+        let slot = state.slots.get_mut(lease.key().as_str());
+        let holder = match lease.mode() {
+            Mode::Semaphore { .. } => slot
+                .and_then(|s| s.semaphore.as_mut())
+                .and_then(|p| p.holders.iter_mut().find(|h| h.owner == *lease.owner())),
+            _ => slot.and_then(|s| s.holder.as_mut()),
+        };
         match holder {
             Some(h) if h.owner == *lease.owner() && h.expires_at > now => {
                 h.expires_at = now + ttl;
@@ -396,25 +539,27 @@ impl LockBackend for MemoryBackend {
         }
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let mut state = self.state();
-        if state.unavailable {
+        if self.state().unavailable {
             return Err(self.unavailable());
         }
         let now = Instant::now();
         let key = lease.key().as_str();
-        let Some(slot) = state.slots.get_mut(key) else {
-            return Err(Error::lost(key, LostReason::NotHeld));
+        let live = {
+            let mut state = self.state();
+            state
+                .slots
+                .get_mut(key)
+                .is_some_and(|slot| match lease.mode() {
+                    Mode::Semaphore { .. } => slot
+                        .live_permits(now)
+                        .is_some_and(|p| p.holders.iter().any(|h| h.owner == *lease.owner())),
+                    _ => slot
+                        .live_holder(now)
+                        .is_some_and(|h| h.owner == *lease.owner()),
+                })
         };
-        if !slot
-            .live_holder(now)
-            .is_some_and(|h| h.owner == *lease.owner())
-        {
+        if !live || !self.remove_owned(lease.key(), lease.owner()) {
             return Err(Error::lost(key, LostReason::NotHeld));
-        }
-        slot.remove(LostReason::Released);
-        if slot.removals.receiver_count() == 0 && slot.line.is_empty() {
-            // Nobody waits on this key: forget it, so memory tracks held locks only.
-            state.slots.remove(key);
         }
         Ok(())
     }
@@ -429,12 +574,22 @@ impl LockBackend for MemoryBackend {
             .slots
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
-            .filter_map(|(k, s)| {
-                s.live_holder(now).map(|h| {
-                    HeldLock::new(k.clone())
-                        .with_remaining(h.expires_at - now)
-                        .with_fencing_token(h.token)
-                })
+            .flat_map(|(k, s)| {
+                let permits = s.semaphore.iter().flat_map(move |p| {
+                    let mode = Mode::semaphore(p.limit);
+                    p.holders.iter().map(move |h| (h, mode))
+                });
+                s.holder
+                    .iter()
+                    .map(|h| (h, Mode::Exclusive))
+                    .chain(permits)
+                    .filter(move |(h, _)| h.expires_at > now)
+                    .map(move |(h, mode)| {
+                        HeldLock::new(k.clone())
+                            .with_remaining(h.expires_at - now)
+                            .with_fencing_token(h.token)
+                            .with_mode(mode)
+                    })
             })
             .collect();
         Ok(held)
@@ -447,7 +602,7 @@ impl LockBackend for MemoryBackend {
         }
         let now = Instant::now();
         Ok(state.slots.get_mut(key.as_str()).is_some_and(|s| {
-            let live = s.live_holder(now).is_some();
+            let live = s.held_mode(now).is_some();
             s.remove(LostReason::NotHeld) && live
         }))
     }
@@ -469,9 +624,14 @@ impl LockBackend for MemoryBackend {
         let state = self.state();
         let slot = state.slots.get(lease.key().as_str());
         let owner = lease.owner().clone();
-        let held = slot
-            .and_then(|s| s.live_holder(Instant::now()))
-            .is_some_and(|h| h.owner == owner);
+        let now = Instant::now();
+        let held = slot.is_some_and(|s| {
+            let permits = s.semaphore.iter().flat_map(|p| p.holders.iter());
+            s.holder
+                .iter()
+                .chain(permits)
+                .any(|h| h.owner == owner && h.expires_at > now)
+        });
         let (true, Some(slot)) = (held, slot) else {
             return Some(Box::pin(std::future::ready(LostReason::NotHeld)));
         };
@@ -486,7 +646,7 @@ impl LockBackend for MemoryBackend {
                 match removal.reason {
                     // The holder's own release ends its guard through another path.
                     Some(LostReason::Released) => {}
-                    Some(reason) if removal.owner.as_ref() == Some(&owner) => return reason,
+                    Some(reason) if removal.owners.contains(&owner) => return reason,
                     _ => {}
                 }
             }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::FencingToken;
+use crate::{FencingToken, Mode};
 
 /// A lock held right now, as an operator sees it (no owner token: that stays
 /// secret to the holder).
@@ -17,6 +17,9 @@ pub struct HeldLock {
     pub remaining: Option<Duration>,
     /// The holder's fencing token, when the backend can tell.
     pub fencing_token: Option<FencingToken>,
+    /// The mode of the grant: a semaphore lists one entry per holder, each
+    /// naming the number of permits.
+    pub mode: Mode,
 }
 
 impl HeldLock {
@@ -26,12 +29,19 @@ impl HeldLock {
             key: key.into(),
             remaining: None,
             fencing_token: None,
+            mode: Mode::Exclusive,
         }
     }
 
     /// Records the remaining TTL.
     pub fn with_remaining(mut self, remaining: Duration) -> Self {
         self.remaining = Some(remaining);
+        self
+    }
+
+    /// Records the grant's mode.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
         self
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::{Error, Limits, LockKey, Result};
+use crate::{Error, Limits, LockKey, MAX_PERMITS, Mode, Result};
 
 /// The longest key any backend accepts, in bytes of UTF-8. A backend may
 /// document a lower limit in its [`Limits`].
@@ -188,6 +188,30 @@ pub fn timeout(option: &'static str, value: Duration) -> Result<Duration> {
         ));
     }
     Ok(value)
+}
+
+/// Checks a mode's parameters (a semaphore's number of permits) and that
+/// the backend offers it: [`Error::InvalidInput`] naming `permits` and the
+/// limit, or [`Error::Unsupported`] with the backend's reason.
+pub fn mode(mode: Mode, capabilities: &crate::Capabilities) -> Result<Mode> {
+    if let Mode::Semaphore { permits } = mode {
+        if permits == 0 {
+            return Err(Error::invalid(
+                "permits",
+                "a semaphore of 0 permits could never be held; it needs at least 1",
+            ));
+        }
+        if permits > MAX_PERMITS {
+            return Err(Error::invalid(
+                "permits",
+                format!("a semaphore of {permits} permits; at most {MAX_PERMITS} are accepted"),
+            ));
+        }
+    }
+    if !capabilities.offer(&mode).is_offered() {
+        return Err(Error::unsupported_mode(capabilities, &mode));
+    }
+    Ok(mode)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, T
 use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, HeldLock, Lease, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
+    LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 use tokio::time::{Instant, sleep, timeout_at};
 
@@ -240,7 +240,10 @@ impl EtcdBackend {
             .with_lock_outlives_connection(true)
             .with_tolerated_server_failures((voters - 1) / 2)
             .with_remaining_ttl(true)
-            .with_limits(limits);
+            .with_limits(limits)
+            .with_semaphore(Offer::Refused {
+                reason: "not built yet (the etcd recipe: holders ordered by create revision under the key's prefix)",
+            });
         let inner = Inner {
             client,
             endpoint,

@@ -17,7 +17,7 @@ use std::time::Duration;
 use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Lease, Limits, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, SafetyModel, WakeUp,
+    LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, WakeUp,
 };
 use sqlx::postgres::{PgConnection, PgQueryResult};
 use tokio::sync::{Mutex, watch};
@@ -207,6 +207,9 @@ impl PostgresBackend {
             .with_limits(Limits {
                 min_ttl: MIN_TTL,
                 ..Limits::default()
+            })
+            .with_semaphore(Offer::Refused {
+                reason: "not built yet (N slot rows taken with FOR UPDATE SKIP LOCKED)",
             });
         let inner = Inner {
             conns,

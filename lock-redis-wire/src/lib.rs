@@ -6,6 +6,7 @@ pub mod errors;
 pub mod keys;
 mod reply;
 pub mod scripts;
+pub mod semaphore;
 pub mod server;
 pub mod socket;
 

@@ -3,6 +3,7 @@
 mod connection;
 mod eviction;
 mod line;
+mod permits;
 mod replicas;
 mod sentinel;
 mod view;
@@ -17,7 +18,7 @@ use lock_core::raw::{
 use lock_core::url::ServerUrl;
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, HeldLock, Lease, Limits, LockBackend,
-    LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
+    LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 pub use lock_redis_wire::KeyLayout;
 use lock_redis_wire::config::RESPONSE_TIMEOUT;
@@ -375,6 +376,14 @@ impl RedisBackend {
             Conn::Cluster(_) => None,
         };
         let capabilities = capabilities(backend, cluster, waiter_lease);
+        // Permits are granted by scripts of their own, which no `WAIT`
+        // follows yet: refused rather than granted unconfirmed.
+        let capabilities = match wait {
+            Some(_) => capabilities.with_semaphore(Offer::Refused {
+                reason: "not with min_replicas: permits are not yet confirmed by WAIT",
+            }),
+            None => capabilities,
+        };
         let capabilities = match eviction::lock_key_eviction(&conn, &settings, &endpoint).await {
             Some(servers) => capabilities.with_lock_key_eviction(servers),
             None => capabilities,
@@ -578,6 +587,31 @@ impl RedisBackend {
         }
     }
 
+    /// An exclusive acquire's error: a lock key of the wrong type is a
+    /// semaphore's (see `lock_redis_wire::semaphore`), which one more call,
+    /// on this rare path only, tells apart from a broken counter.
+    async fn acquire_error(&self, key: &LockKey, e: redis::RedisError) -> Error {
+        if permits::is_wrong_type(&e)
+            && let Some(held) = self.semaphore_on(key).await
+        {
+            return Error::ModeConflict {
+                key: key.to_string(),
+                held,
+                asked: Mode::Exclusive,
+            };
+        }
+        self.error(e)
+    }
+
+    /// An exclusive lease's extend or release error: a key of the wrong
+    /// type is a semaphore's, taken after the lease's grant lapsed.
+    fn settle_error(&self, lease: &Lease, e: redis::RedisError) -> Error {
+        if permits::is_wrong_type(&e) {
+            return Error::lost(lease.key().as_str(), LostReason::NotHeld);
+        }
+        self.error(e)
+    }
+
     fn error(&self, e: redis::RedisError) -> Error {
         map_error(self.inner.capabilities.backend, &self.inner.endpoint, e)
     }
@@ -604,6 +638,9 @@ fn capabilities(backend: &'static str, cluster: bool, waiter_lease: Duration) ->
         })
         .with_remaining_ttl(true)
         .with_lock_outlives_connection(true)
+        .with_semaphore(Offer::Offered {
+            waiting_order: WaitingOrder::Unordered,
+        })
         .with_tolerated_server_failures(0)
         .with_limits(Limits {
             min_ttl: Duration::from_millis(10),
@@ -620,16 +657,29 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
         let keys = self.inner.settings.layout.keys(key.as_str());
-        let reply = self
-            .send_acquire(keys, owner, ttl)
-            .await
-            .map_err(|e| self.error(e))?;
+        let reply = match self.send_acquire(keys, owner, ttl).await {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.acquire_error(key, e).await),
+        };
         match reply {
             AcquireReply::Granted(token) => Ok(Grant::new(token)),
             AcquireReply::Contended(remaining) => Err(Error::Contended {
                 key: key.to_string(),
                 remaining,
             }),
+        }
+    }
+
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Semaphore { permits } => self.try_acquire_permit(key, owner, ttl, permits).await,
+            _ => self.try_acquire(key, owner, ttl).await,
         }
     }
 
@@ -675,11 +725,15 @@ impl LockBackend for RedisBackend {
             }
         };
         give_back.disarm_if_answered(&reply);
-        match reply.map_err(|e| {
-            // It may be in line: kept until the wait ends.
-            inner.lines.hold(&keys, &entry);
-            self.error(e)
-        })? {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                // It may be in line: kept until the wait ends.
+                inner.lines.hold(&keys, &entry);
+                return Err(self.acquire_error(key, e).await);
+            }
+        };
+        match reply {
             AcquireReply::Granted(token) => {
                 inner.lines.let_go(&keys, &entry);
                 Ok(Grant::new(token))
@@ -732,6 +786,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        if let Mode::Semaphore { .. } = lease.mode() {
+            return self.extend_permit(lease, ttl).await;
+        }
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let extended = match self.inner.wait {
             Some(wait) => {
@@ -741,7 +798,7 @@ impl LockBackend for RedisBackend {
             }
             None => scripts::extend(&mut self.inner.conn.clone(), &keys, lease.owner(), ttl).await,
         }
-        .map_err(|e| self.error(e))?;
+        .map_err(|e| self.settle_error(lease, e))?;
         if extended {
             Ok(())
         } else {
@@ -750,11 +807,14 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Mode::Semaphore { .. } = lease.mode() {
+            return self.release_permit(lease).await;
+        }
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let released = self
             .send_release(keys, lease)
             .await
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.settle_error(lease, e))?;
         if released {
             Ok(())
         } else {

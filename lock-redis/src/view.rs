@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::{FencingToken, HeldLock, LockReport, Result};
+use lock_core::{FencingToken, HeldLock, LockReport, Mode, Result};
 use lock_redis_wire::keys::StoredKey;
 use lock_redis_wire::{KeyLayout, map_error};
 use redis::aio::ConnectionLike;
@@ -61,6 +61,9 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
                     (_, Err(_)) => {}
                 }
             }
+            let held = take_semaphores(conn, layout, held, report)
+                .await
+                .map_err(fail)?;
             if !counters_per_lock {
                 report.held.extend(
                     held.into_iter()
@@ -86,6 +89,64 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
             return Ok(());
         }
     }
+}
+
+/// Moves the semaphores among `held` into `report`, one entry per holder
+/// with its own remaining TTL and the number of permits (no token: a
+/// permit's is known to its holder only, and its owner token, the set's
+/// member, is never shown). Returns the other, exclusive, locks.
+async fn take_semaphores<C: ConnectionLike + Send>(
+    conn: &mut C,
+    layout: &KeyLayout,
+    held: Vec<(String, Duration)>,
+    report: &mut LockReport,
+) -> redis::RedisResult<Vec<(String, Duration)>> {
+    if held.is_empty() {
+        return Ok(held);
+    }
+    let mut pipe = redis::pipe();
+    for (key, _) in &held {
+        pipe.cmd("TYPE").arg(layout.keys(key).lock);
+    }
+    let kinds: Vec<String> = pipe.query_async(conn).await?;
+    let (semaphores, locks): (Vec<_>, Vec<_>) = held
+        .into_iter()
+        .zip(kinds)
+        .partition(|(_, kind)| kind == "zset");
+    if !semaphores.is_empty() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for ((key, _), _) in &semaphores {
+            let keys = layout.keys(key);
+            pipe.cmd("ZRANGE")
+                .arg(&keys.lock)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES");
+            pipe.cmd("GET")
+                .arg(lock_redis_wire::semaphore::permits_key(&keys));
+        }
+        let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+        let rest = replies.split_off(1);
+        let (seconds, micros): (u64, u64) = redis::from_redis_value(replies[0].clone())?;
+        let now_ms = seconds * 1000 + micros / 1000;
+        for (((key, _), _), pair) in semaphores.into_iter().zip(rest.chunks(2)) {
+            let holders: Vec<(String, f64)> = redis::from_redis_value(pair[0].clone())?;
+            let permits: Option<u32> = redis::from_redis_value(pair[1].clone())?;
+            let mode = Mode::semaphore(permits.unwrap_or(0));
+            for (_owner, expiry) in holders {
+                let left = (expiry as u64).saturating_sub(now_ms);
+                if left > 0 {
+                    report.held.push(
+                        HeldLock::new(key.clone())
+                            .with_remaining(Duration::from_millis(left))
+                            .with_mode(mode),
+                    );
+                }
+            }
+        }
+    }
+    Ok(locks.into_iter().map(|(held, _)| held).collect())
 }
 
 /// The `host:port` of every master of a Redis Cluster, from `CLUSTER NODES`.

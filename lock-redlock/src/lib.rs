@@ -14,7 +14,8 @@ use lock_core::raw::{
 };
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
-    LockBackend, LockKey, LostReason, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
+    LockBackend, LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder,
+    WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -158,7 +159,11 @@ impl RedlockBackend {
                 stall: Stall::WaiterLease(DEFAULT_WAITER_LEASE),
             })
             .with_tolerated_server_failures(tolerated_failures(n))
-            .with_remaining_ttl(true);
+            .with_remaining_ttl(true)
+            .with_semaphore(Offer::Refused {
+                reason: "not built yet: a permit over independent masters must be counted on a majority, \
+                         and no sound count of holders across them is built",
+            });
         let capabilities = match eviction {
             Some(nodes) => capabilities.with_lock_key_eviction(nodes),
             None => capabilities,

@@ -39,7 +39,8 @@ Exit codes:
   69       backend unavailable or failing (EX_UNAVAILABLE)
   75       run: lock not acquired within --wait (EX_TEMPFAIL)
   77       run: lock lost while the command ran; it and what it started were terminated (EX_NOPERM)
-  78       configuration or input refused: URL, config file, profile, key, TTL (EX_CONFIG)
+  78       configuration or input refused: URL, config file, profile, key, TTL, a --permits
+           that disagrees with the key's holders (EX_CONFIG)
   126/127  run: the command could not be executed / was not found
 
 Environment:
@@ -51,7 +52,7 @@ pub fn code_for(error: &Error) -> u8 {
     match error {
         Error::Contended { .. } | Error::TimedOut { .. } => NOT_ACQUIRED,
         Error::Lost { .. } => LOST,
-        Error::InvalidInput { .. } | Error::Auth { .. } => CONFIG,
+        Error::InvalidInput { .. } | Error::Auth { .. } | Error::ModeConflict { .. } => CONFIG,
         Error::Unsupported { .. } => USAGE,
         _ => UNAVAILABLE,
     }

@@ -97,6 +97,11 @@ enum Cmd {
         /// Time between SIGTERM and SIGKILL when CMD and what it started must stop (at most 1h).
         #[arg(long, value_parser = grace, default_value = "10s")]
         grace: Duration,
+        /// Take one of N permits of KEY as a semaphore (as `consul lock -n`): at most N
+        /// commands run at once under KEY. Every runner of KEY must name the same N.
+        /// Refused (exit 64) on a backend without semaphores.
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -324,10 +329,12 @@ async fn dispatch(cli: Cli) -> ExitCode {
             key,
             lock,
             grace,
+            permits,
             command,
         } => {
             let opts = run::RunOptions {
                 key: target.key(&key),
+                mode: permits.map_or(lockkit::Mode::Exclusive, lockkit::Mode::semaphore),
                 ttl: target.ttl(lock.ttl),
                 wait: target.wait(lock.wait()),
                 grace,

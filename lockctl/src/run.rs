@@ -16,7 +16,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockkit::{GuardOptions, Locker};
+use lockkit::{GuardOptions, Locker, Mode};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::Command;
@@ -32,6 +32,8 @@ use crate::terminal::{self, Foreground};
 pub struct RunOptions {
     /// The backend key.
     pub key: String,
+    /// Exclusive, or one permit of a semaphore.
+    pub mode: Mode,
     /// TTL of the grant, renewed every TTL/3.
     pub ttl: Duration,
     /// How long to wait for the lock.
@@ -93,7 +95,7 @@ pub async fn run(locker: &Locker, opts: RunOptions) -> ExitCode {
 
     let options = GuardOptions::new(opts.ttl).wait(opts.wait);
     let guard = tokio::select! {
-        got = locker.guard(&opts.key, options) => match got {
+        got = locker.guard_in(&opts.key, opts.mode, options) => match got {
             Ok(guard) => guard,
             Err(e) => return exit::fail(&e),
         },

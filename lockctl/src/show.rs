@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use lockkit::{HeldLock, LockReport};
+use lockkit::{HeldLock, LockReport, Mode};
 use serde::Serialize;
 
 use crate::printable;
@@ -16,6 +16,17 @@ pub struct Entry<'a> {
     /// Milliseconds left before the grant expires unless renewed.
     remaining_ms: Option<u64>,
     fencing_token: Option<u64>,
+    /// The semaphore's number of permits, when the holder holds one of
+    /// them (a semaphore lists one entry per holder); absent for a lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permits: Option<u32>,
+}
+
+fn permits(mode: Mode) -> Option<u32> {
+    match mode {
+        Mode::Semaphore { permits } => Some(permits),
+        _ => None,
+    }
 }
 
 impl<'a> Entry<'a> {
@@ -28,6 +39,7 @@ impl<'a> Entry<'a> {
                 .remaining
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             fencing_token: h.fencing_token.map(|t| t.get()),
+            permits: permits(h.mode),
         }
     }
 
@@ -38,6 +50,7 @@ impl<'a> Entry<'a> {
             held: false,
             remaining_ms: None,
             fencing_token: None,
+            permits: None,
         }
     }
 }
@@ -69,7 +82,8 @@ pub fn leak_line(key: &str) -> String {
 }
 
 /// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as
-/// `?`; the key escaped where it could spoof the terminal).
+/// `?`; the key escaped where it could spoof the terminal), followed by
+/// `permits=3` for a holder of a semaphore's permit.
 pub fn line(h: &HeldLock) -> String {
     let remaining = h
         .remaining
@@ -79,10 +93,14 @@ pub fn line(h: &HeldLock) -> String {
         .fencing_token
         .map(|t| t.get().to_string())
         .unwrap_or_else(|| "?".into());
-    format!(
+    let line = format!(
         "{}\theld\tremaining={remaining}\tfencing_token={token}",
         printable::key(&h.key)
-    )
+    );
+    match permits(h.mode) {
+        Some(n) => format!("{line}\tpermits={n}"),
+        None => line,
+    }
 }
 
 /// `value` as one line of JSON in which every character that could spoof a
@@ -121,5 +139,16 @@ mod tests {
         assert_eq!(back["key"], key);
         assert_eq!(back["held"], false);
         assert!(back["fencing_token"].is_null());
+    }
+
+    #[test]
+    fn a_permit_holder_shows_its_number_of_permits() {
+        let permit = HeldLock::new("jobs").with_mode(Mode::semaphore(3));
+        assert!(line(&permit).ends_with("\tpermits=3"), "{}", line(&permit));
+        let back: serde_json::Value = serde_json::from_str(&json(&Entry::held(&permit))).unwrap();
+        assert_eq!(back["permits"], 3);
+        let lock = HeldLock::new("jobs");
+        assert!(!line(&lock).contains("permits"));
+        assert!(!json(&Entry::held(&lock)).contains("permits"));
     }
 }

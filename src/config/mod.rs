@@ -22,6 +22,7 @@
 //! min_safety = "consensus"      # in-process < single-node < quorum < consensus < acid-transaction
 //! fifo_fair = true              # waiters are served in order
 //! no_eviction = true            # no server that may evict lock keys (Redis: maxmemory-policy noeviction)
+//! semaphores = true             # N-permit semaphores (memory, Redis, Redis Cluster)
 //! # lock_outlives_connection = false  # a dead client connection frees the lock at once (PostgreSQL only)
 //! ```
 //!
@@ -142,6 +143,7 @@ struct FileRequirements {
     fifo_fair: Option<bool>,
     lock_outlives_connection: Option<bool>,
     no_eviction: Option<bool>,
+    semaphores: Option<bool>,
 }
 
 impl Config {
@@ -294,6 +296,7 @@ impl Profile {
             fifo_fair: r.fifo_fair.unwrap_or(false),
             lock_outlives_connection: r.lock_outlives_connection,
             no_eviction: r.no_eviction.unwrap_or(false),
+            semaphores: r.semaphores.unwrap_or(false),
         };
         let requirements = uses
             .map(RequirementSet::requirements)
@@ -656,6 +659,28 @@ mod tests {
         assert!(own.requirements.no_eviction);
         assert_eq!(own.requirements.shortfalls(&evicting).len(), 1);
         assert!(own.requirements.shortfalls(&caps_like_redis()).is_empty());
+    }
+
+    #[test]
+    fn a_profile_may_require_semaphores() {
+        let c = Config::parse(
+            "[profiles.jobs]\nurl = \"memory://\"\n[profiles.jobs.require]\nsemaphores = true",
+            "f.toml",
+        )
+        .unwrap();
+        let wanted = c.profile("jobs").unwrap().requirements;
+        assert!(wanted.semaphores);
+        let without = caps_like_postgres().with_semaphore(lock_core::Offer::Refused {
+            reason: "not built yet",
+        });
+        let s = wanted.shortfalls(&without);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(s[0].requires.contains("semaphores"), "{s:?}");
+        assert!(s[0].offers.contains("not built yet"), "{s:?}");
+        let with = caps_like_redis().with_semaphore(lock_core::Offer::Offered {
+            waiting_order: lock_core::WaitingOrder::Unordered,
+        });
+        assert!(wanted.shortfalls(&with).is_empty());
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{Capabilities, FencingGuarantee, SafetyModel};
+use crate::{Capabilities, FencingGuarantee, Mode, Offer, SafetyModel};
 
 /// What an application requires of a backend. Each field left at its
 /// default requires nothing.
@@ -31,6 +31,9 @@ pub struct Requirements {
     /// and a policy other than `noeviction`; see
     /// [`Capabilities::lock_key_eviction`]).
     pub no_eviction: bool,
+    /// `semaphores = true`: the backend offers N-permit semaphores
+    /// ([`Mode::Semaphore`]).
+    pub semaphores: bool,
 }
 
 /// A requirement the backend does not meet, and what it offers instead.
@@ -105,6 +108,14 @@ impl Requirements {
                 format!("waiting order: {}", caps.waiting_order),
             );
         }
+        if self.semaphores
+            && let Offer::Refused { reason } = caps.offer(&Mode::semaphore(1))
+        {
+            miss(
+                "semaphores (N permits per key)".into(),
+                format!("no semaphores: {reason}"),
+            );
+        }
         match self.lock_outlives_connection {
             Some(true) if !caps.lock_outlives_connection => miss(
                 "locks that outlive the client's connection (until their TTL)".into(),
@@ -132,6 +143,7 @@ impl Requirements {
                 .lock_outlives_connection
                 .or(self.lock_outlives_connection),
             no_eviction: self.no_eviction || other.no_eviction,
+            semaphores: self.semaphores || other.semaphores,
         }
     }
 }

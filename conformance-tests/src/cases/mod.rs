@@ -10,6 +10,8 @@ mod input;
 mod lifecycle;
 mod operator;
 mod order;
+mod reentrant;
+mod semaphore;
 mod waiting;
 
 pub use exclusion::mutual_exclusion;
@@ -33,6 +35,16 @@ pub use order::{
     a_cancelled_waiter_leaves_the_line,
     a_waiter_killed_in_line_stalls_the_next_no_longer_than_the_bound,
     waiters_are_granted_in_order_of_arrival,
+};
+pub use reentrant::{
+    a_holder_name_is_one_identity_in_one_process, a_lost_grant_reaches_every_hold,
+    reentrant_holds_count_and_the_last_release_frees,
+};
+pub use semaphore::{
+    an_expired_permit_comes_back, disagreeing_modes_are_refused,
+    dropped_permit_attempt_gives_its_permit_back, never_more_than_n_holders_under_contention,
+    semaphore_admits_n_holders_and_then_the_next, semaphore_input_is_validated,
+    semaphores_are_offered_or_refused_with_a_reason,
 };
 pub use waiting::{
     acquire_succeeds_soon_after_release, acquire_times_out_cleanly,

@@ -16,7 +16,7 @@ use lock_core::raw::{Grant, LeaveFuture, Place, WakeUpFuture, async_trait};
 use lock_core::url::ServerUrl;
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, HeldLock, Lease, LockBackend, LockKey,
-    LockReport, OwnerToken, Result,
+    LockReport, Mode, OwnerToken, Result,
 };
 use redis::{ConnectionInfo, IntoConnectionInfo, Value};
 
@@ -349,6 +349,19 @@ impl LockBackend for SentinelBackend {
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
         let master = self.current().backend;
         let reply = master.try_acquire(key, owner, ttl).await;
+        self.after(&master, &reply).await;
+        reply
+    }
+
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        let master = self.current().backend;
+        let reply = master.try_acquire_in(key, owner, ttl, mode).await;
         self.after(&master, &reply).await;
         reply
     }

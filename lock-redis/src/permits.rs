@@ -1,0 +1,113 @@
+//! Semaphore permits on Redis (see `lock_redis_wire::semaphore` for the
+//! script and the key layout).
+
+use std::time::Duration;
+
+use lock_core::raw::{GiveBack, Grant};
+use lock_core::{Error, Lease, LockKey, LostReason, Mode, OwnerToken, Result};
+use lock_redis_wire::LockKeys;
+use lock_redis_wire::semaphore::{self, PermitCounter, PermitReply};
+
+use crate::RedisBackend;
+
+impl RedisBackend {
+    /// One attempt at one of `permits` permits of `key`.
+    pub(crate) async fn try_acquire_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        permits: u32,
+    ) -> Result<Grant> {
+        let inner = &self.inner;
+        let keys = inner.settings.layout.keys(key.as_str());
+        let shared = inner.settings.layout.shared_counter();
+        // The exclusive mode's counter, so that tokens increase across modes.
+        let counter = match inner.cluster {
+            true => PermitCounter::OwnKey,
+            false => PermitCounter::Shared(&shared),
+        };
+        // Dropped before its answer, or answered with an error after which
+        // the server may still run it: the permit is given back.
+        let give_back = GiveBack::armed(|| self.give_back_permit(&keys, owner));
+        let reply =
+            semaphore::acquire_permit(&mut inner.conn.clone(), &keys, counter, owner, ttl, permits)
+                .await;
+        give_back.disarm_if_answered(&reply);
+        let asked = Mode::semaphore(permits);
+        match reply.map_err(|e| self.error(e))? {
+            PermitReply::Granted(token) => Ok(Grant::new(token)),
+            PermitReply::Full(first_free) => Err(Error::Contended {
+                key: key.to_string(),
+                remaining: Some(first_free),
+            }),
+            PermitReply::OtherPermits(held) => Err(Error::ModeConflict {
+                key: key.to_string(),
+                held: Some(Mode::semaphore(held)),
+                asked,
+            }),
+            PermitReply::Exclusive => Err(Error::ModeConflict {
+                key: key.to_string(),
+                held: Some(Mode::Exclusive),
+                asked,
+            }),
+        }
+    }
+
+    pub(crate) async fn extend_permit(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let keys = self.inner.settings.layout.keys(lease.key().as_str());
+        let conn = &mut self.inner.conn.clone();
+        match semaphore::extend_permit(conn, &keys, lease.owner(), ttl).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<()> {
+        let keys = self.inner.settings.layout.keys(lease.key().as_str());
+        let conn = &mut self.inner.conn.clone();
+        match semaphore::release_permit(conn, &keys, lease.owner()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// `Some` when `key`'s lock key holds a semaphore, with its mode when
+    /// its number of permits is known.
+    pub(crate) async fn semaphore_on(&self, key: &LockKey) -> Option<Option<Mode>> {
+        let keys = self.inner.settings.layout.keys(key.as_str());
+        let (kind, permits): (String, Option<u32>) = redis::pipe()
+            .cmd("TYPE")
+            .arg(&keys.lock)
+            .cmd("GET")
+            .arg(semaphore::permits_key(&keys))
+            .query_async(&mut self.inner.conn.clone())
+            .await
+            .ok()?;
+        (kind == "zset").then(|| permits.map(Mode::semaphore))
+    }
+
+    /// Gives back, in a task of its own, the permit an attempt may hold.
+    /// Sent on the same connection after the attempt, so it runs after it.
+    fn give_back_permit(&self, keys: &LockKeys, owner: &OwnerToken) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, keys, owner) = (self.clone(), keys.clone(), owner.clone());
+        runtime.spawn(async move {
+            let conn = &mut backend.inner.conn.clone();
+            if let Err(e) = semaphore::release_permit(conn, &keys, &owner).await {
+                let error = backend.error(e);
+                tracing::debug!(%error, "could not give back a permit that won no lease; its TTL bounds it");
+            }
+        });
+    }
+}
+
+/// Whether a Redis error says that a key holds another type: an exclusive
+/// lock's command on a semaphore's key.
+pub(crate) fn is_wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE")
+}
