@@ -56,6 +56,9 @@ struct OperationsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/modes.md")]
 struct ModesDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/waiting.md")]
+struct WaitingDoctests;
 
 pub use lock_core::*;
 
