@@ -662,8 +662,8 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    /// Permits of a semaphore (see [`permits`]); the exclusive lock as
-    /// `try_acquire`.
+    /// Permits of a semaphore (entries of the lock's queue, see the crate
+    /// docs); the exclusive lock as `try_acquire`.
     async fn try_acquire_in(
         &self,
         key: &LockKey,

@@ -181,12 +181,21 @@ async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
         .expect("a permit");
     // The first refusal grants the lease the next ones reuse.
     let warm_up = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
-    assert!(matches!(warm_up, Err(Error::Contended { .. })), "{warm_up:?}");
+    assert!(
+        matches!(warm_up, Err(Error::Contended { .. })),
+        "{warm_up:?}"
+    );
     let before = counts(&cluster);
     for _ in 0..5 {
         let refused = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
         assert!(
-            matches!(refused, Err(Error::Contended { remaining: Some(_), .. })),
+            matches!(
+                refused,
+                Err(Error::Contended {
+                    remaining: Some(_),
+                    ..
+                })
+            ),
             "{refused:?}"
         );
     }
