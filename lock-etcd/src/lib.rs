@@ -6,6 +6,7 @@ mod errors;
 mod feed;
 mod lease_pool;
 mod leases;
+mod permit_line;
 mod permits;
 mod queue;
 pub mod transactions;
@@ -250,7 +251,9 @@ impl EtcdBackend {
             .with_remaining_ttl(true)
             .with_limits(limits)
             .with_semaphore(Offer::Offered {
-                waiting_order: WaitingOrder::Unordered,
+                waiting_order: WaitingOrder::Fifo {
+                    stall: Stall::WaiterTtl,
+                },
             });
         let inner = Inner {
             client,
@@ -678,10 +681,23 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    /// Wakes permit waiters (the exclusive lock's waiters watch the entry
-    /// ahead of their own instead).
-    async fn on_release(&self, key: &LockKey) -> Option<lock_core::raw::WakeUpFuture> {
-        self.on_entry_deleted(key).await
+    /// Permit waiters wait in line (see [`permit_line`]), as the exclusive
+    /// lock's do.
+    async fn acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+        wait: &Waiting,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Exclusive => self.acquire(key, owner, ttl, wait).await,
+            Mode::Semaphore { permits } => {
+                self.acquire_permit(key, owner, ttl, permits, wait).await
+            }
+            other => Err(Error::unsupported_mode(self.capabilities(), &other)),
+        }
     }
 
     /// Fair, herd-free waiting (etcd's own mutex recipe): the entry waits
@@ -954,9 +970,11 @@ impl LockBackend for EtcdBackend {
         for (key, mut entries) in queues {
             entries.sort_by_key(|e| e.revision);
             let mode = entries[0].mode;
+            // The first N entries of a semaphore hold its permits; the
+            // others wait in line.
             let holders = match mode {
-                Mode::Exclusive => 1,
-                _ => entries.len(),
+                Mode::Semaphore { permits } => permits as usize,
+                _ => 1,
             };
             for listed in entries.iter().take(holders).filter(|e| e.mode == mode) {
                 let lock = HeldLock::new(key.clone())

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use etcd_client::{KeyValue, TxnOpResponse};
-use lock_core::raw::{Grant, WakeUpFuture};
+use lock_core::raw::Grant;
 use lock_core::{Error, LockKey, Mode, OwnerToken, Result};
 
 use crate::leases::EtcdLease;
@@ -136,27 +136,6 @@ impl EtcdBackend {
             key: key.to_string(),
             remaining,
         })
-    }
-
-    /// Completes when an entry of `key`'s queue is deleted (a permit
-    /// released or expired), on the queue's shared feed. Never completes if
-    /// the feed breaks: the waiter's polling backstop then asks again.
-    pub(crate) async fn on_entry_deleted(&self, key: &LockKey) -> Option<WakeUpFuture> {
-        let queue = self.queue(key);
-        let mut feed = self
-            .inner
-            .feeds
-            .join_or_start(
-                &self.inner.client,
-                queue.prefix(),
-                self.inner.response_timeout,
-            )
-            .await?;
-        Some(Box::pin(async move {
-            if feed.next().await.is_none() {
-                std::future::pending::<()>().await;
-            }
-        }))
     }
 }
 

@@ -153,6 +153,38 @@ impl Queue {
         TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease)))
     }
 
+    /// Joins the line for a permit in one revision: puts `entry` bound to
+    /// `lease` with `value` (it does not exist yet, as in
+    /// [`enqueue`](Self::enqueue)), then reads the queue's head (for its
+    /// mode) and counts its entries, the new one included: every other one
+    /// was created before it, so the count less one is how many are ahead.
+    pub(crate) fn enqueue_permit(&self, entry: &[u8], lease: i64, value: &str) -> Txn {
+        let count = GetOptions::new().with_prefix().with_count_only();
+        Txn::new()
+            .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
+            .and_then([
+                self.put(entry, lease, value),
+                TxnOp::get(self.prefix.clone(), Some(self.head())),
+                TxnOp::get(self.prefix.clone(), Some(count)),
+            ])
+    }
+
+    /// Reads, in one revision, up to `permits` of the entries created before
+    /// `revision`, and `entry` itself (created at `revision`): fewer than
+    /// `permits` ahead means the entry holds a permit. (Not a count: etcd
+    /// counts a range before it filters it by create revision.)
+    pub(crate) fn permits_ahead(&self, entry: &[u8], revision: i64, permits: u32) -> Txn {
+        let ahead = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(revision - 1)
+            .with_limit(i64::from(permits));
+        Txn::new().and_then([
+            TxnOp::get(self.prefix.clone(), Some(ahead)),
+            TxnOp::get(entry, None),
+        ])
+    }
+
     /// Whether a reply to [`enqueue`](Self::enqueue) or
     /// [`try_take`](Self::try_take) shows the entry created anew (`Some`),
     /// and whether it heads the queue; `None` when no put ran (a try on a

@@ -1,13 +1,16 @@
 //! What is special about semaphores on etcd (on the shared cluster): permits
 //! share the lock's queue with the exclusive lock, so a caller in another
 //! mode, even one that would wait, is refused at once and leaves nothing
-//! in the queue; and a full semaphore reports its first holder's time left.
+//! in the queue; a full semaphore reports its first holder's time left;
+//! and permit waiters are let in in the order they queued.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
-use lock_core::{Error, Locker, Mode, Wait};
+use lock_core::{Error, Locker, Mode, Offer, Wait, WaitingOrder};
 use lock_etcd::EtcdBackend;
+use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
 const WAIT: Wait = Wait::at_most(Duration::from_secs(20));
@@ -98,4 +101,58 @@ async fn a_waiter_in_another_mode_is_refused_at_once_and_leaves_no_entry() {
     );
     assert_eq!(backend.queue_len(&key).await.expect("queue"), 1);
     locker.release(plain).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permit_waiters_are_let_in_in_the_order_they_queued() {
+    let Some((backend, locker)) = connect().await else {
+        return;
+    };
+    assert!(
+        matches!(
+            locker.capabilities().offer(&Mode::semaphore(2)),
+            Offer::Offered {
+                waiting_order: WaitingOrder::Fifo { .. }
+            }
+        ),
+        "etcd says its permit waiters are served in order"
+    );
+    const WAITERS: usize = 6;
+    let key = unique_key("etcd-permit-line");
+    let two = Mode::semaphore(2);
+    // One permit stays held throughout, so the other is handed along the
+    // line one waiter at a time.
+    let kept = locker
+        .acquire_in(&key, two, TTL, Wait::NONE)
+        .await
+        .expect("permit 1");
+    let passed = locker
+        .acquire_in(&key, two, TTL, Wait::NONE)
+        .await
+        .expect("permit 2");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let (locker, k, order) = (locker.clone(), key.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let permit = locker
+                .acquire_in(&k, two, TTL, WAIT)
+                .await
+                .expect("a permit");
+            order.lock().unwrap().push(i);
+            locker.release(permit).await.expect("release");
+        }));
+        // The next waiter starts only once this one is in line.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while backend.queue_len(&key).await.expect("queue") < i + 3 {
+            assert!(Instant::now() < deadline, "waiter {i} never queued");
+            tokio::task::yield_now().await;
+        }
+    }
+    locker.release(passed).await.expect("release");
+    for waiter in waiters {
+        waiter.await.expect("waiter");
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    locker.release(kept).await.expect("release");
 }
