@@ -681,7 +681,7 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    /// Permit waiters wait in line (see [`permit_line`]), as the exclusive
+    /// Permit waiters wait in line (see the crate docs), as the exclusive
     /// lock's do.
     async fn acquire_in(
         &self,
