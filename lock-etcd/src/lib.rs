@@ -6,6 +6,8 @@ mod errors;
 mod feed;
 mod lease_pool;
 mod leases;
+mod permit_line;
+mod permits;
 mod queue;
 pub mod transactions;
 mod waiting;
@@ -20,7 +22,7 @@ use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, T
 use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, HeldLock, Lease, LockBackend,
-    LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
+    LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder, WakeUp,
 };
 use tokio::time::{Instant, sleep, timeout_at};
 
@@ -114,6 +116,13 @@ struct Located<'a> {
     /// Present when the lease came from this backend (not rebuilt): only
     /// then is the etcd lease known to be the caller's own.
     held: Option<&'a Held>,
+}
+
+/// An entry as the operator's listing reads it.
+struct Listed {
+    revision: i64,
+    lease: i64,
+    mode: Mode,
 }
 
 /// What a join request asks for.
@@ -241,8 +250,10 @@ impl EtcdBackend {
             .with_tolerated_server_failures((voters - 1) / 2)
             .with_remaining_ttl(true)
             .with_limits(limits)
-            .with_semaphore(Offer::Refused {
-                reason: "not built yet (the etcd recipe: holders ordered by create revision under the key's prefix)",
+            .with_semaphore(Offer::Offered {
+                waiting_order: WaitingOrder::Fifo {
+                    stall: Stall::WaiterTtl,
+                },
             });
         let inner = Inner {
             client,
@@ -384,6 +395,47 @@ impl EtcdBackend {
         }
     }
 
+    /// Sends `request`, built for the entry of `lease` and that lease, which
+    /// may put the entry. Returns the reply, the entry, and a revoke of the
+    /// lease armed for it: a dropped or failed acquire gives the entry back.
+    async fn put_entry(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        lease: &mut NewLease,
+        request: impl Fn(&[u8], i64) -> etcd_client::Txn,
+    ) -> Result<(TxnResponse, Vec<u8>, RevokeOnDrop)> {
+        let queue = self.queue(key);
+        loop {
+            let revoke = RevokeOnDrop {
+                backend: Some(self.clone()),
+                lease_id: lease.id,
+            };
+            let entry = queue.entry(lease.id);
+            let txn = request(&entry, lease.id);
+            let put = self.call_lease(key, "enqueue", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            });
+            match put.await {
+                Ok(resp) => return Ok((resp, entry, revoke)),
+                // An idle lease was revoked since it was kept or renewed: a
+                // new lease, once.
+                Err(Error::Lost { .. }) if lease.from_pool => {
+                    let mut gone = revoke;
+                    gone.disarm();
+                    *lease = NewLease::granted(self.grant_lease(ttl).await?);
+                }
+                Err(Error::Lost { .. }) => {
+                    return Err(backend_error(
+                        "enqueue: the lease just granted or renewed is gone (revoked by someone else?)",
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Takes a lease and sends the queue's join request: [`Join::Queue`]
     /// always puts the entry, [`Join::Try`] only into an empty queue.
     async fn join(
@@ -395,37 +447,13 @@ impl EtcdBackend {
     ) -> Result<Joined> {
         let queue = self.queue(key);
         let mut lease = self.lease_for(key, ttl).await?;
-        let (resp, entry, revoke) = loop {
-            let revoke = RevokeOnDrop {
-                backend: Some(self.clone()),
-                lease_id: lease.id,
-            };
-            let entry = queue.entry(lease.id);
-            let enqueue = match how {
-                Join::Queue => queue.enqueue(&entry, lease.id, &owner.to_hex()),
-                Join::Try => queue.try_take(&entry, lease.id, &owner.to_hex()),
-            };
-            let put = self.call_lease(key, "enqueue", |mut c| {
-                let enqueue = enqueue.clone();
-                async move { c.txn(enqueue).await }
-            });
-            match put.await {
-                Ok(resp) => break (resp, entry, revoke),
-                // An idle lease was revoked since it was kept or renewed: a
-                // new lease, once.
-                Err(Error::Lost { .. }) if lease.from_pool => {
-                    let mut gone = revoke;
-                    gone.disarm();
-                    lease = NewLease::granted(self.grant_lease(ttl).await?);
-                }
-                Err(Error::Lost { .. }) => {
-                    return Err(backend_error(
-                        "enqueue: the lease just granted or renewed is gone (revoked by someone else?)",
-                    ));
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let owner_hex = owner.to_hex();
+        let (resp, entry, revoke) = self
+            .put_entry(key, ttl, &mut lease, |entry, lease_id| match how {
+                Join::Queue => queue.enqueue(entry, lease_id, &owner_hex),
+                Join::Try => queue.try_take(entry, lease_id, &owner_hex),
+            })
+            .await?;
         let (lease_id, sent) = (lease.id, lease.renewed);
         let heads = match Queue::joined(&resp) {
             Ok(Some(heads)) => heads,
@@ -441,6 +469,9 @@ impl EtcdBackend {
                 };
                 self.retire_lease(idle).await;
                 let head = gets(&resp).into_iter().next().flatten();
+                if let Some(conflict) = permits::conflict(key, head.as_ref(), Mode::Exclusive) {
+                    return Err(conflict);
+                }
                 return Ok(Joined::Held { head });
             }
             Err(()) => {
@@ -449,6 +480,15 @@ impl EtcdBackend {
                 ));
             }
         };
+        // Held as a semaphore: refused, rather than waiting behind permits
+        // that may be renewed for ever.
+        if !heads {
+            let head = gets(&resp).into_iter().next().flatten();
+            if let Some(conflict) = permits::conflict(key, head.as_ref(), Mode::Exclusive) {
+                revoke.now().await;
+                return Err(conflict);
+            }
+        }
         // The entry's create revision: its fencing token, and the revision
         // the entries ahead were read at.
         let revision = resp
@@ -507,7 +547,7 @@ impl EtcdBackend {
             })
             .await?;
         let kv = resp.kvs().first().ok_or_else(not_held)?;
-        if kv.value() != lease.owner().to_hex().as_bytes() {
+        if kv.value() != permits::value(lease.owner(), lease.mode()).as_bytes() {
             return Err(not_held());
         }
         let lease_id = kv.lease();
@@ -625,6 +665,41 @@ impl LockBackend for EtcdBackend {
         }
     }
 
+    /// Permits of a semaphore (entries of the lock's queue, see the crate
+    /// docs); the exclusive lock as `try_acquire`.
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Exclusive => self.try_acquire(key, owner, ttl).await,
+            Mode::Semaphore { permits } => self.try_acquire_permit(key, owner, ttl, permits).await,
+            other => Err(Error::unsupported_mode(self.capabilities(), &other)),
+        }
+    }
+
+    /// Permit waiters wait in line (see the crate docs), as the exclusive
+    /// lock's do.
+    async fn acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+        wait: &Waiting,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Exclusive => self.acquire(key, owner, ttl, wait).await,
+            Mode::Semaphore { permits } => {
+                self.acquire_permit(key, owner, ttl, permits, wait).await
+            }
+            other => Err(Error::unsupported_mode(self.capabilities(), &other)),
+        }
+    }
+
     /// Fair, herd-free waiting (etcd's own mutex recipe): the entry waits
     /// for the deletion of the one just ahead of it, and is granted when it
     /// heads the queue and its lease is renewed.
@@ -702,7 +777,7 @@ impl LockBackend for EtcdBackend {
         let not_held = || Error::lost(key.as_str(), LostReason::NotHeld);
         let located = self.locate(lease).await?;
         let revision = lease.fencing_token().get() as i64;
-        let owner_hex = lease.owner().to_hex();
+        let value = permits::value(lease.owner(), lease.mode());
         let secs = ttl.as_secs() as i64;
         // A keep-alive restores the lease's own TTL. For a TTL no longer than
         // that, this is enough: the server then keeps the grant at least as
@@ -723,7 +798,7 @@ impl LockBackend for EtcdBackend {
             let mine = mine?;
             let ours = mine.kvs().first().is_some_and(|kv| {
                 kv.create_revision() == revision
-                    && kv.value() == owner_hex.as_bytes()
+                    && kv.value() == value.as_bytes()
                     && kv.lease() == located.lease_id
             });
             return if ours { Ok(()) } else { Err(not_held()) };
@@ -739,7 +814,7 @@ impl LockBackend for EtcdBackend {
         let moved = Queue::move_to_lease(
             &located.entry,
             revision,
-            &owner_hex,
+            &value,
             located.lease_id,
             new_lease,
         );
@@ -797,7 +872,11 @@ impl LockBackend for EtcdBackend {
             None => self
                 .txn(
                     "release",
-                    Queue::release(&located.entry, revision, &lease.owner().to_hex()),
+                    Queue::release(
+                        &located.entry,
+                        revision,
+                        &permits::value(lease.owner(), lease.mode()),
+                    ),
                 )
                 .await
                 .map(|resp| resp.succeeded()),
@@ -848,20 +927,25 @@ impl LockBackend for EtcdBackend {
                 .call("list locks", |mut c| {
                     let (from, end) = (from.clone(), end.clone());
                     async move {
-                        let options = GetOptions::new()
-                            .with_range(end)
-                            .with_keys_only()
-                            .with_limit(PAGE);
+                        // With values: they say each entry's mode.
+                        let options = GetOptions::new().with_range(end).with_limit(PAGE);
                         c.get(from, Some(options)).await
                     }
                 })
                 .await?;
-            let page: Vec<(Vec<u8>, i64, i64)> = resp
+            let page: Vec<(Vec<u8>, Listed)> = resp
                 .kvs()
                 .iter()
-                .map(|kv| (kv.key().to_vec(), kv.create_revision(), kv.lease()))
+                .map(|kv| {
+                    let listed = Listed {
+                        revision: kv.create_revision(),
+                        lease: kv.lease(),
+                        mode: permits::mode_of(kv.value()),
+                    };
+                    (kv.key().to_vec(), listed)
+                })
                 .collect();
-            let Some((last, _, _)) = page.last() else {
+            let Some((last, _)) = page.last() else {
                 break;
             };
             from = last.iter().copied().chain([0]).collect();
@@ -870,27 +954,37 @@ impl LockBackend for EtcdBackend {
                 break;
             }
         }
-        // The head of each queue: its lowest create revision.
-        let mut heads: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
-        for (entry, create_revision, lease) in kvs {
+        // Each queue's entries; its holders are the head (its lowest create
+        // revision) and, on a semaphore, every entry of the head's mode.
+        let mut queues: std::collections::BTreeMap<String, Vec<Listed>> = Default::default();
+        for (entry, listed) in kvs {
             let Some(key) = queue::lock_key(&entry[namespace.len()..]) else {
                 continue;
             };
             if !key.starts_with(prefix) {
                 continue;
             }
-            let head = heads.entry(key).or_insert((create_revision, lease));
-            if create_revision < head.0 {
-                *head = (create_revision, lease);
-            }
+            queues.entry(key).or_default().push(listed);
         }
-        let mut held = Vec::with_capacity(heads.len());
-        for (key, (revision, lease_id)) in heads {
-            let lock = HeldLock::new(key).with_fencing_token(FencingToken::new(revision as u64));
-            held.push(match self.remaining(lease_id).await {
-                Some(remaining) => lock.with_remaining(remaining),
-                None => lock,
-            });
+        let mut held = Vec::with_capacity(queues.len());
+        for (key, mut entries) in queues {
+            entries.sort_by_key(|e| e.revision);
+            let mode = entries[0].mode;
+            // The first N entries of a semaphore hold its permits; the
+            // others wait in line.
+            let holders = match mode {
+                Mode::Semaphore { permits } => permits as usize,
+                _ => 1,
+            };
+            for listed in entries.iter().take(holders).filter(|e| e.mode == mode) {
+                let lock = HeldLock::new(key.clone())
+                    .with_fencing_token(FencingToken::new(listed.revision as u64))
+                    .with_mode(mode);
+                held.push(match self.remaining(listed.lease).await {
+                    Some(remaining) => lock.with_remaining(remaining),
+                    None => lock,
+                });
+            }
         }
         Ok(held)
     }

@@ -7,7 +7,8 @@
 //! for keys such as `a` and `a/0000000000000001`. The entry with the lowest
 //! create revision holds the lock, and that revision is its fencing token.
 //! The value of an entry is its owner token in hex, so that only the holder
-//! can release or extend, even with a lease rebuilt in another process.
+//! can release or extend, even with a lease rebuilt in another process; a
+//! semaphore's permit adds the number of permits (see [`crate::permits`]).
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -152,6 +153,38 @@ impl Queue {
         TxnOp::put(entry, owner_hex, Some(PutOptions::new().with_lease(lease)))
     }
 
+    /// Joins the line for a permit in one revision: puts `entry` bound to
+    /// `lease` with `value` (it does not exist yet, as in
+    /// [`enqueue`](Self::enqueue)), then reads the queue's head (for its
+    /// mode) and counts its entries, the new one included: every other one
+    /// was created before it, so the count less one is how many are ahead.
+    pub(crate) fn enqueue_permit(&self, entry: &[u8], lease: i64, value: &str) -> Txn {
+        let count = GetOptions::new().with_prefix().with_count_only();
+        Txn::new()
+            .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
+            .and_then([
+                self.put(entry, lease, value),
+                TxnOp::get(self.prefix.clone(), Some(self.head())),
+                TxnOp::get(self.prefix.clone(), Some(count)),
+            ])
+    }
+
+    /// Reads, in one revision, up to `permits` of the entries created before
+    /// `revision`, and `entry` itself (created at `revision`): fewer than
+    /// `permits` ahead means the entry holds a permit. (Not a count: etcd
+    /// counts a range before it filters it by create revision.)
+    pub(crate) fn permits_ahead(&self, entry: &[u8], revision: i64, permits: u32) -> Txn {
+        let ahead = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(revision - 1)
+            .with_limit(i64::from(permits));
+        Txn::new().and_then([
+            TxnOp::get(self.prefix.clone(), Some(ahead)),
+            TxnOp::get(entry, None),
+        ])
+    }
+
     /// Whether a reply to [`enqueue`](Self::enqueue) or
     /// [`try_take`](Self::try_take) shows the entry created anew (`Some`),
     /// and whether it heads the queue; `None` when no put ran (a try on a
@@ -214,10 +247,11 @@ impl Queue {
     }
 
     /// Deletes `entry` only if it is still the one created at `revision` and
-    /// still carries `owner_hex`.
-    pub(crate) fn release(entry: &[u8], revision: i64, owner_hex: &str) -> Txn {
+    /// still carries `value` (the holder's owner token, and for a permit
+    /// the number of permits).
+    pub(crate) fn release(entry: &[u8], revision: i64, value: &str) -> Txn {
         Txn::new()
-            .when(Queue::still_ours(entry, revision, owner_hex))
+            .when(Queue::still_ours(entry, revision, value))
             .and_then([TxnOp::delete(entry, None)])
     }
 
@@ -227,24 +261,45 @@ impl Queue {
     pub(crate) fn move_to_lease(
         entry: &[u8],
         revision: i64,
-        owner_hex: &str,
+        value: &str,
         old_lease: i64,
         new_lease: i64,
     ) -> Txn {
-        let mut compares = Queue::still_ours(entry, revision, owner_hex).to_vec();
+        let mut compares = Queue::still_ours(entry, revision, value).to_vec();
         compares.push(Compare::lease(entry, CompareOp::Equal, old_lease));
         Txn::new().when(compares).and_then([TxnOp::put(
             entry,
-            owner_hex,
+            value,
             Some(PutOptions::new().with_lease(new_lease)),
         )])
     }
 
-    fn still_ours(entry: &[u8], revision: i64, owner_hex: &str) -> [Compare; 2] {
+    fn still_ours(entry: &[u8], revision: i64, value: &str) -> [Compare; 2] {
         [
             Compare::create_revision(entry, CompareOp::Equal, revision),
-            Compare::value(entry, CompareOp::Equal, owner_hex),
+            Compare::value(entry, CompareOp::Equal, value),
         ]
+    }
+
+    /// One attempt at a permit: puts `entry` bound to `lease` with `value`
+    /// only if no entry of the queue was put after revision `seen` (the
+    /// revision at which the caller counted fewer holders than permits;
+    /// 0 when it has not looked, which only an empty queue passes).
+    /// Otherwise writes nothing and reads the head and, in the same
+    /// revision, the number of entries, for the next attempt.
+    ///
+    /// Comparing every entry's last write, not the count, is what keeps
+    /// two contenders that both counted N - 1 holders from both taking the
+    /// Nth permit: the first put fails the second's compare. Deletions
+    /// only free permits, so they pass.
+    pub(crate) fn take_permit(&self, entry: &[u8], lease: i64, value: &str, seen: i64) -> Txn {
+        let unchanged =
+            Compare::mod_revision(self.prefix.clone(), CompareOp::Less, seen + 1).with_prefix();
+        let head_and_count = self.head();
+        Txn::new()
+            .when([unchanged])
+            .and_then([self.put(entry, lease, value)])
+            .or_else([TxnOp::get(self.prefix.clone(), Some(head_and_count))])
     }
 }
 

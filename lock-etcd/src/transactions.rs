@@ -27,7 +27,7 @@ pub fn created(resp: &etcd_client::TxnResponse) -> bool {
 }
 
 /// Deletes `entry` only if it is still the one created at `revision` with
-/// `owner_hex`: the release of a lease rebuilt elsewhere, and the forced
+/// `owner_hex` (an exclusive grant's value): the release of a lease rebuilt elsewhere, and the forced
 /// release. The backend releases its own grants with a plain delete (their
 /// entries' keys name a lease only they use).
 pub fn release(entry: &[u8], revision: i64, owner_hex: &str) -> Txn {

@@ -257,7 +257,7 @@ impl EtcdBackend {
 
     /// Grants the lock to `entry`, found heading its queue (`refreshed`: when
     /// its last successful lease renewal was sent).
-    async fn grant_head(
+    pub(crate) async fn grant_head(
         &self,
         key: &LockKey,
         entry: Entry,

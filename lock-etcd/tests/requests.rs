@@ -7,7 +7,7 @@ mod common;
 use lock_core::Wait;
 use std::time::Duration;
 
-use lock_core::Error;
+use lock_core::{Error, Mode};
 use lock_testkit::EtcdCluster;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -132,6 +132,72 @@ async fn a_try_on_a_held_lock_writes_nothing() {
             }
             other => panic!("a try on a held lock: {other:?}"),
         }
+    }
+    let spent = since(before, counts(&cluster));
+    assert_eq!(
+        (
+            spent.puts,
+            spent.deletes,
+            spent.lease_grants,
+            spent.lease_revokes
+        ),
+        (0, 0, 0, 0),
+        "{spent:?}"
+    );
+    locker.release(holder).await.expect("release");
+}
+
+/// A permit of a free semaphore costs what a free lock does: one put and
+/// one delete, with its lease reused. An attempt on a full semaphore
+/// writes nothing (its lease waits for the next acquire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    let one = Mode::semaphore(1);
+    // The first pair grants the lease the next ones reuse.
+    let first = locker
+        .acquire_in("permits", one, TTL, Wait::NONE)
+        .await
+        .expect("a permit");
+    locker.release(first).await.expect("release");
+
+    const PAIRS: u64 = 5;
+    let before = counts(&cluster);
+    for _ in 0..PAIRS {
+        let permit = locker
+            .acquire_in("permits", one, TTL, Wait::NONE)
+            .await
+            .expect("a permit");
+        locker.release(permit).await.expect("release");
+    }
+    let spent = since(before, counts(&cluster));
+    assert_eq!(spent.requests, 2 * PAIRS, "two requests a pair: {spent:?}");
+    assert_eq!((spent.puts, spent.deletes), (PAIRS, PAIRS), "{spent:?}");
+    assert_eq!(spent.lease_grants + spent.lease_revokes, 0, "{spent:?}");
+
+    let holder = locker
+        .acquire_in("permits", one, TTL, Wait::NONE)
+        .await
+        .expect("a permit");
+    // The first refusal grants the lease the next ones reuse.
+    let warm_up = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
+    assert!(
+        matches!(warm_up, Err(Error::Contended { .. })),
+        "{warm_up:?}"
+    );
+    let before = counts(&cluster);
+    for _ in 0..5 {
+        let refused = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Contended {
+                    remaining: Some(_),
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
     }
     let spent = since(before, counts(&cluster));
     assert_eq!(
