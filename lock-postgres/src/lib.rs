@@ -458,8 +458,16 @@ impl PostgresBackend {
     /// server's TTL clock (the session's idle timer) to the TTL, from a known
     /// instant: after the flush, and after any wait in the server's queue.
     /// Returns when it was sent, where the deadline starts.
-    async fn refresh(&self, conn: &mut PgConnection, key: &LockKey, ttl: Duration) -> Result<Instant> {
-        let (rt, endpoint) = (self.inner.response_timeout, self.inner.conns.endpoint.as_str());
+    async fn refresh(
+        &self,
+        conn: &mut PgConnection,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Instant> {
+        let (rt, endpoint) = (
+            self.inner.response_timeout,
+            self.inner.conns.endpoint.as_str(),
+        );
         let sent = Instant::now();
         let refresh = sqlx::query_scalar::<_, Option<bool>>(&self.inner.statements.refresh)
             .bind(millis(ttl).to_string())

@@ -77,8 +77,13 @@ impl PostgresBackend {
                         .bind(key.as_str())
                         .bind(n)
                         .execute(&mut *conn);
-                    match within(rt, endpoint, "the new number of permits", Box::pin(renumber))
-                        .await?
+                    match within(
+                        rt,
+                        endpoint,
+                        "the new number of permits",
+                        Box::pin(renumber),
+                    )
+                    .await?
                     {
                         Ok(_) if !renumbered => {
                             renumbered = true;
@@ -198,4 +203,3 @@ impl PostgresBackend {
         Ok(rows)
     }
 }
-
