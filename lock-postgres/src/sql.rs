@@ -529,6 +529,23 @@ mod tests {
     }
 
     #[test]
+    fn a_table_name_leaves_room_for_its_permits_table() {
+        let fits = "t".repeat(55);
+        assert!(Names::unchecked("s", &fits, "q").check().is_ok());
+        let long = "t".repeat(56);
+        match Names::unchecked("s", &long, "q").check() {
+            Err(Error::InvalidInput {
+                field: "table",
+                problem,
+            }) => assert!(
+                problem.contains("56 bytes") && problem.contains("at most 55"),
+                "{problem}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn shipped_schema_is_the_default_names_schema() {
         assert_eq!(Names::default().schema_sql(), SCHEMA_SQL);
         let custom = Names::unchecked("app", "mutex", "tokens").schema_sql();
