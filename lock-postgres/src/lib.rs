@@ -415,10 +415,9 @@ impl PostgresBackend {
                         source: None,
                     });
                 }
+                // Permit holders share-lock the row: then the key is a semaphore's.
                 Err(e) if errors::is_lock_not_available(&e) => {
-                    inner.conns.roll_back_and_give_back(pinned, rt).await;
-                    // Permit holders share-lock the row: then the key is a semaphore's.
-                    return Err(self.refusal(key, Mode::Exclusive).await);
+                    return Err(self.refusal(pinned, key, Mode::Exclusive).await);
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use lock_core::raw::Grant;
 use lock_core::{Error, LockKey, Mode, Result};
 
+use crate::pool::Pinned;
 use crate::sql;
 use crate::{PostgresBackend, errors, simple, within};
 
@@ -117,8 +118,7 @@ impl PostgresBackend {
                     });
                 }
                 Err(e) if errors::is_lock_not_available(&e) => {
-                    inner.conns.roll_back_and_give_back(pinned, rt).await;
-                    return Err(self.refusal(key, asked).await);
+                    return Err(self.refusal(pinned, key, asked).await);
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }
@@ -147,29 +147,40 @@ impl PostgresBackend {
         }
     }
 
-    /// Why a row lock asked for in `asked` was refused: the key is held in
-    /// the other mode ([`Error::ModeConflict`]), or in the same one
-    /// ([`Error::Contended`]). A permit holder holds a slot row, so whether
-    /// one exists tells the modes apart; an exclusive lock's refusal costs
-    /// this one query only where the key has ever been a semaphore.
-    pub(crate) async fn refusal(&self, key: &LockKey, asked: Mode) -> Error {
+    /// Why a row lock asked for in `asked` was refused in the transaction
+    /// open on `pinned`: the key is held in the other mode
+    /// ([`Error::ModeConflict`]), or in the same one ([`Error::Contended`]).
+    /// A permit holder holds a slot row, so whether one exists tells the
+    /// modes apart. One more round trip, on the refused connection after its
+    /// `ROLLBACK`, and only when a grant is refused.
+    pub(crate) async fn refusal(&self, mut pinned: Pinned, key: &LockKey, asked: Mode) -> Error {
         let contended = Error::Contended {
             key: key.to_string(),
             remaining: None,
         };
         let inner = &*self.inner;
         let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
-        let Ok((mut pinned, _)) = inner.conns.pin(false).await else {
+        // On any failure the connection is dropped (ending its transaction), and the refusal stands.
+        pinned.busy = true;
+        let Ok(Ok(_)) = within(
+            rt,
+            endpoint,
+            "ROLLBACK",
+            simple(&mut pinned.conn, "ROLLBACK"),
+        )
+        .await
+        else {
             return contended;
         };
         let query = sqlx::query_as::<_, (Option<i32>, bool)>(&inner.statements.permit_holders)
             .bind(key.as_str())
             .fetch_one(&mut pinned.conn);
-        let found = within(rt, endpoint, "the mode check", Box::pin(query)).await;
-        let Ok(Ok((permits, permit_holders))) = found else {
-            // The refusal stands; which mode held the key is not known.
+        let Ok(Ok((permits, permit_holders))) =
+            within(rt, endpoint, "the mode check", Box::pin(query)).await
+        else {
             return contended;
         };
+        pinned.busy = false;
         inner.conns.give_back(pinned);
         let held = match (asked, permits, permit_holders) {
             (Mode::Exclusive, Some(permits), true) => {
@@ -177,7 +188,7 @@ impl PostgresBackend {
             }
             // The permits row was being renumbered, or the holder just left.
             (Mode::Exclusive, _, _) | (_, _, true) => return contended,
-            // A permit's share lock refused: an exclusive lock holds the row.
+            // A permit's share lock refused: an exclusive lock holds the key's row.
             _ => Mode::Exclusive,
         };
         Error::ModeConflict {
