@@ -252,9 +252,11 @@ impl Statements {
                 "UPDATE {permits} n SET permits = $2 FROM (SELECT name FROM {permits} \
                  WHERE name = $1 AND slot = -1 FOR UPDATE NOWAIT) free WHERE n.name = free.name AND n.slot = -1"
             ),
+            // pg_locks is read only for a key that has ever been a semaphore.
             permit_holders: format!(
-                "SELECT (SELECT permits FROM {permits} WHERE name = $1 AND slot = -1), \
-                 EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = $1 AND p.slot >= 0)"
+                "SELECT n.permits, CASE WHEN n.permits IS NULL THEN false \
+                 ELSE EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = n.name AND p.slot >= 0) END \
+                 FROM (SELECT $1::text AS name) k LEFT JOIN {permits} n ON n.name = k.name AND n.slot = -1"
             ),
             held_permits: format!(
                 "SELECT p.name, n.permits FROM {permits} p {slot_held} \
