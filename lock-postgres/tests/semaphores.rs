@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use conformance_tests::server_url;
 use lock_core::{Error, GuardOptions, Locker, LostReason, Mode, Wait};
-use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lock_postgres::{PostgresBackend, PostgresOptions};
 use tokio::time::timeout;
 
 /// Generous: a slow machine must not fail these tests.
@@ -184,4 +184,62 @@ async fn failed_attempts_leave_the_holders_permit_alone() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].mode, Mode::semaphore(2));
     other.release(two).await.expect("release");
+}
+
+/// A schema made before semaphores lacks the permits table: with
+/// `create_schema=false`, connect refuses naming it, and the schema SQL,
+/// run again, adds it, after which permits work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_gains_the_permits_table_from_the_schema_sql() {
+    let Some(url) = server_url("LOCKKIT_POSTGRES_URL") else {
+        return;
+    };
+    let base = url.split('?').next().unwrap_or(&url).to_owned();
+    let schema = format!("pgsem_{:016x}", getrandom::u64().expect("random"));
+    let own = format!("{base}?schema={schema}");
+    let mut admin = PgConnection::connect(&base)
+        .await
+        .expect("admin connection");
+    PostgresBackend::connect(&own)
+        .await
+        .expect("creates the schema");
+    let older = format!("DROP TABLE \"{schema}\".\"locks_permits\"");
+    sqlx::raw_sql(&older)
+        .execute(&mut admin)
+        .await
+        .expect("drop");
+    let manual = PostgresOptions::from_url(&own)
+        .expect("options")
+        .create_schema(false);
+    let refused = PostgresBackend::connect_with(manual.clone())
+        .await
+        .map(drop);
+    let schema_sql = manual.schema_sql().expect("schema SQL");
+    sqlx::raw_sql(&schema_sql)
+        .execute(&mut admin)
+        .await
+        .expect("schema SQL");
+    let locker = Locker::new(
+        PostgresBackend::connect_with(manual)
+            .await
+            .expect("the schema is complete"),
+    );
+    let permit = locker
+        .acquire_in(&key("migrated"), Mode::semaphore(2), HOUR, Wait::NONE)
+        .await
+        .expect("a permit after the migration");
+    locker.release(permit).await.expect("release");
+    drop(locker);
+    let drop_schema = format!("DROP SCHEMA \"{schema}\" CASCADE");
+    sqlx::raw_sql(&drop_schema)
+        .execute(&mut admin)
+        .await
+        .expect("drop schema");
+    let err = refused.expect_err("connected without the permits table");
+    assert!(
+        err.to_string()
+            .contains(&format!("\"{schema}\".\"locks_permits\""))
+            && err.to_string().contains("schema_sql"),
+        "{err}"
+    );
 }
