@@ -5,6 +5,7 @@ mod errors;
 mod fence;
 mod flush;
 mod monitor;
+mod permits;
 mod pool;
 mod sql;
 mod transaction;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, Lease, Limits, LockBackend,
-    LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, WakeUp,
+    LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, WaitingOrder, WakeUp,
 };
 use sqlx::postgres::{PgConnection, PgQueryResult};
 use tokio::sync::{Mutex, watch};
@@ -147,7 +148,8 @@ impl PostgresBackend {
             .is_some_and(|v| v >= 140_000);
         let exists = sqlx::query_scalar::<_, bool>(statements.exists)
             .bind(options.names.table())
-            .bind(options.names.sequence());
+            .bind(options.names.sequence())
+            .bind(options.names.permits());
         let present = within(
             options.response_timeout,
             &conns.endpoint,
@@ -161,8 +163,9 @@ impl PostgresBackend {
                 return Err(Error::Backend {
                     backend: errors::BACKEND,
                     message: format!(
-                        "table {} or sequence {} is missing and create_schema is off; run PostgresOptions::schema_sql() first",
+                        "table {}, table {} or sequence {} is missing and create_schema is off; run PostgresOptions::schema_sql() first",
                         options.names.table(),
+                        options.names.permits(),
                         options.names.sequence()
                     ),
                     source: None,
@@ -208,8 +211,9 @@ impl PostgresBackend {
                 min_ttl: MIN_TTL,
                 ..Limits::default()
             })
-            .with_semaphore(Offer::Refused {
-                reason: "not built yet (N slot rows taken with FOR UPDATE SKIP LOCKED)",
+            // Permit takers poll (lock-core's wait in a mode): whoever asks first once a slot frees.
+            .with_semaphore(Offer::Offered {
+                waiting_order: WaitingOrder::Unordered,
             });
         let inner = Inner {
             conns,
@@ -386,59 +390,14 @@ impl PostgresBackend {
                             return Err(Error::lost(key.as_str(), LostReason::NotHeld));
                         }
                         _ => {
-                            // The token was drawn by `nextval` in the holder's transaction, after the
-                            // row lock, so tokens follow the order in which grants lock the row; drawn
-                            // anywhere else (in the flush below, say), a grant that locked the row later
-                            // could draw a smaller token. But that transaction never commits, so nothing
-                            // has flushed the sequence's WAL record: a crash now could recover the
-                            // sequence to an older value and hand the token out again. The flush commits,
-                            // on another connection, a transaction whose commit record follows the token's
-                            // record in the WAL, and waits until it is on disk.
-                            // (After a wait, a flush since may already have covered it.)
-                            let flushed_bound = inner.flusher.flushed_bound();
-                            if logged.is_none_or(|logged| logged > flushed_bound) {
-                                let budget = flush::budget(rt);
-                                let flushed = inner.flusher.flush(
-                                    &inner.conns,
-                                    &inner.statements.flush,
-                                    budget,
-                                );
-                                if let Err(e) = flushed.await {
-                                    inner.conns.roll_back_and_give_back(pinned, rt).await;
-                                    return Err(e);
-                                }
-                                inner.flusher.flushed_through(logged);
+                            if let Err(e) = self.flush_token(logged).await {
+                                inner.conns.roll_back_and_give_back(pinned, rt).await;
+                                return Err(e);
                             }
-                            // One more statement in the holder's transaction, which drew the token: its
-                            // reply proves no crash came between the token and the flush (a crash ends
-                            // every session), so the flush was of the same WAL. It also sets the
-                            // server's TTL clock (the session's idle timer) to the TTL, from a known
-                            // instant: after the flush, and after any wait in the server's queue.
-                            let sent = Instant::now();
-                            let refresh =
-                                sqlx::query_scalar::<_, Option<bool>>(&inner.statements.refresh)
-                                    .bind(millis(ttl).to_string())
-                                    .bind(millis(rt).to_string())
-                                    .fetch_one(&mut *conn);
-                            match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await?
-                            {
-                                Ok(Some(true)) => {}
-                                Ok(_) => {
-                                    return Err(Error::lost(key.as_str(), LostReason::NotHeld));
-                                }
-                                Err(e) => return Err(errors::connect(endpoint, e)),
-                            }
-                            sent
+                            self.refresh(&mut pinned.conn, key, ttl).await?
                         }
                     };
-                    let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
-                    let (watching, lost) = inner.monitor.watch(pinned.session, ttl);
-                    pinned.watching = Some(watching);
-                    let state: Arc<dyn Any + Send + Sync> = Arc::new(HeldLock {
-                        slot: Arc::new(Mutex::new(Some(pinned))),
-                        lost,
-                    });
-                    return Ok(Grant::new(token).sent_at(sent).with_state(state));
+                    return Ok(self.hand_out(pinned, token, ttl, sent));
                 }
                 // No row: inserted first on the next round. A row deleted again
                 // between the insert and the lock goes in again, a few times.
@@ -456,16 +415,81 @@ impl PostgresBackend {
                         source: None,
                     });
                 }
+                // Permit holders share-lock the row: then the key is a semaphore's.
                 Err(e) if errors::is_lock_not_available(&e) => {
-                    inner.conns.roll_back_and_give_back(pinned, rt).await;
-                    return Err(Error::Contended {
-                        key: key.to_string(),
-                        remaining: None,
-                    });
+                    return Err(self.refusal(pinned, key, Mode::Exclusive).await);
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }
         }
+    }
+}
+
+impl PostgresBackend {
+    /// Makes a token drawn in a grant's transaction durable before it is
+    /// handed out, unless a flush already covered its logged bound.
+    ///
+    /// The token was drawn by `nextval` in the holder's transaction, after the
+    /// row lock, so tokens follow the order in which grants lock the row; drawn
+    /// anywhere else (in the flush below, say), a grant that locked the row later
+    /// could draw a smaller token. But that transaction never commits, so nothing
+    /// has flushed the sequence's WAL record: a crash now could recover the
+    /// sequence to an older value and hand the token out again. The flush commits,
+    /// on another connection, a transaction whose commit record follows the token's
+    /// record in the WAL, and waits until it is on disk.
+    /// (After a wait, a flush since may already have covered it.)
+    async fn flush_token(&self, logged: Option<i64>) -> Result<()> {
+        let inner = &*self.inner;
+        if logged.is_none_or(|logged| logged > inner.flusher.flushed_bound()) {
+            let budget = flush::budget(inner.response_timeout);
+            inner
+                .flusher
+                .flush(&inner.conns, &inner.statements.flush, budget)
+                .await?;
+            inner.flusher.flushed_through(logged);
+        }
+        Ok(())
+    }
+
+    /// One more statement in the holder's transaction, which drew the token: its
+    /// reply proves no crash came between the token and the flush (a crash ends
+    /// every session), so the flush was of the same WAL. It also sets the
+    /// server's TTL clock (the session's idle timer) to the TTL, from a known
+    /// instant: after the flush, and after any wait in the server's queue.
+    /// Returns when it was sent, where the deadline starts.
+    async fn refresh(
+        &self,
+        conn: &mut PgConnection,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Instant> {
+        let (rt, endpoint) = (
+            self.inner.response_timeout,
+            self.inner.conns.endpoint.as_str(),
+        );
+        let sent = Instant::now();
+        let refresh = sqlx::query_scalar::<_, Option<bool>>(&self.inner.statements.refresh)
+            .bind(millis(ttl).to_string())
+            .bind(millis(rt).to_string())
+            .fetch_one(conn);
+        match within(rt, endpoint, "the TTL refresh", Box::pin(refresh)).await? {
+            Ok(Some(true)) => Ok(sent),
+            Ok(_) => Err(Error::lost(key.as_str(), LostReason::NotHeld)),
+            Err(e) => Err(errors::connect(endpoint, e)),
+        }
+    }
+
+    /// The grant of a connection whose open transaction now holds a lock
+    /// (or a permit) with `token`: the monitor watches its session.
+    fn hand_out(&self, mut pinned: Pinned, token: i64, ttl: Duration, sent: Instant) -> Grant {
+        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
+        let (watching, lost) = self.inner.monitor.watch(pinned.session, ttl);
+        pinned.watching = Some(watching);
+        let state: Arc<dyn Any + Send + Sync> = Arc::new(HeldLock {
+            slot: Arc::new(Mutex::new(Some(pinned))),
+            lost,
+        });
+        Grant::new(token).sent_at(sent).with_state(state)
     }
 }
 
@@ -540,6 +564,21 @@ impl LockBackend for PostgresBackend {
         self.grant(key, ttl, None).await
     }
 
+    /// An exclusive lock as [`try_acquire`](Self::try_acquire) takes it, or
+    /// a permit of a semaphore (see the README's section on semaphores).
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Semaphore { permits } => self.permit(key, ttl, permits).await,
+            _ => self.try_acquire(key, owner, ttl).await,
+        }
+    }
+
     /// Waits in the server: `SELECT ... FOR UPDATE` without NOWAIT, with
     /// `lock_timeout` set to the time left; the statement that follows the
     /// token's flush restarts the server's TTL clock, and its send time starts
@@ -578,13 +617,21 @@ impl LockBackend for PostgresBackend {
         }
     }
 
-    /// The keys whose rows are locked by an open transaction now. The
-    /// remaining TTL is unknown (the server does not expose its idle timer).
+    /// The keys whose rows are locked by an open transaction now, and one
+    /// entry per permit holder of a semaphore. The remaining TTL is unknown
+    /// (the server does not expose its idle timer).
     async fn inspect(&self, prefix: &str) -> Result<Vec<lock_core::HeldLock>> {
         let keys: Vec<String> = self
             .all_on_pool_connection("listing held locks", &self.inner.statements.held, prefix)
             .await?;
-        Ok(keys.into_iter().map(lock_core::HeldLock::new).collect())
+        let permits = self.held_permits(prefix).await?;
+        let mut held: Vec<_> = keys.into_iter().map(lock_core::HeldLock::new).collect();
+        held.extend(permits.into_iter().map(|(key, permits)| {
+            let permits = u32::try_from(permits).unwrap_or(0);
+            lock_core::HeldLock::new(key).with_mode(Mode::semaphore(permits))
+        }));
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(held)
     }
 
     /// Ends the session holding `key` with `pg_terminate_backend`: its

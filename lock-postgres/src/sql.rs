@@ -16,6 +16,9 @@ const HELD_MARK: &str = "lockkit.held";
 /// the grant's own statements run without it.
 const SAVED_STATEMENT_TIMEOUT: &str = "lockkit.statement_timeout";
 
+/// The permits table's name is the lock table's with this after it.
+const PERMITS_SUFFIX: &str = "_permits";
+
 /// Validated schema, table and sequence names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Names {
@@ -67,6 +70,19 @@ impl Names {
     pub(crate) fn check(&self) -> Result<()> {
         identifier("schema", &self.schema)?;
         identifier("table", &self.table)?;
+        // The permits table is named after the lock table, and PostgreSQL
+        // would cut a name past 63 bytes short.
+        if self.table.len() > 63 - PERMITS_SUFFIX.len() {
+            return Err(Error::invalid(
+                "table",
+                format!(
+                    "`{}` is {} bytes; at most {} are accepted, leaving room for the `{PERMITS_SUFFIX}` table beside it",
+                    self.table,
+                    self.table.len(),
+                    63 - PERMITS_SUFFIX.len()
+                ),
+            ));
+        }
         identifier("sequence", &self.sequence)
     }
 
@@ -85,6 +101,11 @@ impl Names {
         format!("\"{}\".\"{}\"", self.schema, self.table)
     }
 
+    /// `"schema"."table_permits"`: the semaphores' rows (see `permits.rs`).
+    pub(crate) fn permits(&self) -> String {
+        format!("\"{}\".\"{}{PERMITS_SUFFIX}\"", self.schema, self.table)
+    }
+
     /// `"schema"."sequence"`.
     pub(crate) fn sequence(&self) -> String {
         format!("\"{}\".\"{}\"", self.schema, self.sequence)
@@ -92,6 +113,7 @@ impl Names {
 
     pub(crate) fn schema_sql(&self) -> String {
         SCHEMA_SQL
+            .replace("\"lockkit\".\"locks_permits\"", &self.permits())
             .replace("\"lockkit\".\"locks\"", &self.table())
             .replace("\"lockkit\".\"fencing_tokens\"", &self.sequence())
             .replace(
@@ -139,8 +161,29 @@ pub(crate) struct Statements {
     /// Flushes the WAL up to a commit of its own, so up to every record
     /// written before it (see `flush.rs`). One round trip, simple protocol.
     pub flush: String,
-    /// Whether the table and the sequence exist.
+    /// Whether the tables and the sequence exist.
     pub exists: &'static str,
+    /// Autocommit, before a permit's transaction: the key's lock row, its
+    /// permits row (slot -1, with the number of permits `$2`) and its slot
+    /// rows 0 to `$2` - 1, each left alone if it exists.
+    pub permit_rows: String,
+    /// In a permit's transaction: share-locks the key's lock row and its
+    /// permits row without waiting, and returns the number of permits the
+    /// key is held with.
+    pub permit_mode: String,
+    /// In a permit's transaction: locks the first free slot below `$2`
+    /// (none: the semaphore is full), then draws the token, as the
+    /// exclusive grant does; returns the token and the logged bound.
+    pub permit_slot: String,
+    /// Autocommit: sets the key's number of permits to `$2` if no permit
+    /// holder share-locks its permits row (else it fails at once).
+    pub permit_renumber: String,
+    /// Autocommit, after a refusal: the key's number of permits (if it
+    /// was ever a semaphore), and whether a permit holder holds a slot now.
+    pub permit_holders: String,
+    /// The slot rows under a prefix whose locks are held now, each with
+    /// the key's number of permits.
+    pub held_permits: String,
     /// The sequence's settings (by schema and name) that [`sequence_problem`]
     /// checks, as a [`SequenceSettings`] row; no row if it is not a sequence.
     pub sequence: &'static str,
@@ -180,7 +223,46 @@ impl Statements {
              FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
              FROM drawn d OFFSET 0) x"
         );
+        let permits = names.permits();
+        // A slot row is only ever locked FOR UPDATE, never updated, so its
+        // xmax names the transaction of its holder, as the lock row's does.
+        let slot_held = "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = p.xmax \
+                         AND l.mode = 'ExclusiveLock' AND l.granted";
         Statements {
+            permit_rows: format!(
+                "WITH k AS (INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING), \
+                 n AS (INSERT INTO {permits} (name, slot, permits) VALUES ($1, -1, $2) ON CONFLICT (name, slot) DO NOTHING) \
+                 INSERT INTO {permits} (name, slot) SELECT $1, g FROM generate_series(0, $2 - 1) g \
+                 WHERE NOT EXISTS (SELECT 1 FROM {permits} WHERE name = $1 AND slot = $2 - 1) \
+                 ON CONFLICT (name, slot) DO NOTHING"
+            ),
+            permit_mode: format!(
+                "SELECT n.permits FROM {table} k JOIN {permits} n ON n.name = k.name AND n.slot = -1 \
+                 WHERE k.name = $1 FOR SHARE NOWAIT"
+            ),
+            permit_slot: format!(
+                "WITH slot AS (SELECT slot FROM {permits} WHERE name = $1 AND slot BETWEEN 0 AND $2 - 1 \
+                 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED), \
+                 drawn AS (SELECT nextval('{sequence}') AS token FROM slot) \
+                 SELECT x.token, x.logged \
+                 FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
+                 FROM drawn d OFFSET 0) x"
+            ),
+            permit_renumber: format!(
+                "UPDATE {permits} n SET permits = $2 FROM (SELECT name FROM {permits} \
+                 WHERE name = $1 AND slot = -1 FOR UPDATE NOWAIT) free WHERE n.name = free.name AND n.slot = -1"
+            ),
+            // pg_locks is read only for a key that has ever been a semaphore.
+            permit_holders: format!(
+                "SELECT n.permits, CASE WHEN n.permits IS NULL THEN false \
+                 ELSE EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = n.name AND p.slot >= 0) END \
+                 FROM (SELECT $1::text AS name) k LEFT JOIN {permits} n ON n.name = k.name AND n.slot = -1"
+            ),
+            held_permits: format!(
+                "SELECT p.name, n.permits FROM {permits} p {slot_held} \
+                 JOIN {permits} n ON n.name = p.name AND n.slot = -1 \
+                 WHERE left(p.name, length($1)) = $1 AND p.slot >= 0"
+            ),
             insert: format!("INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"),
             lock_nowait,
             lock_wait: lock(""),
@@ -197,15 +279,19 @@ impl Statements {
                  INSERT INTO {table} (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
                  SELECT 1 FROM {table} WHERE name = '' FOR KEY SHARE; COMMIT;"
             ),
+            // A lock row share-locked by permit holders names one of them in its
+            // xmax too: keys whose slots are held are semaphores, not exclusive locks.
             holder_pid: format!(
                 "SELECT l.pid FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
-                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE k.name = $1"
+                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE k.name = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = k.name AND p.slot >= 0)"
             ),
             held: format!(
                 "SELECT k.name FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
-                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> ''"
+                 AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> '' \
+                 AND NOT EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = k.name AND p.slot >= 0)"
             ),
-            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL",
             sequence: "SELECT s.cache_size, s.cycle, s.increment_by, c.relpersistence = 'u', \
                        s.min_value, s.max_value, s.start_value, coalesce(s.last_value, s.start_value) \
                        FROM pg_catalog.pg_sequences s \
@@ -445,11 +531,30 @@ mod tests {
     }
 
     #[test]
+    fn a_table_name_leaves_room_for_its_permits_table() {
+        let fits = "t".repeat(55);
+        assert!(Names::unchecked("s", &fits, "q").check().is_ok());
+        let long = "t".repeat(56);
+        match Names::unchecked("s", &long, "q").check() {
+            Err(Error::InvalidInput {
+                field: "table",
+                problem,
+            }) => assert!(
+                problem.contains("56 bytes") && problem.contains("at most 55"),
+                "{problem}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn shipped_schema_is_the_default_names_schema() {
         assert_eq!(Names::default().schema_sql(), SCHEMA_SQL);
         let custom = Names::unchecked("app", "mutex", "tokens").schema_sql();
         assert!(
-            custom.contains("\"app\".\"mutex\"") && custom.contains("\"app\".\"tokens\""),
+            custom.contains("\"app\".\"mutex\"")
+                && custom.contains("\"app\".\"tokens\"")
+                && custom.contains("\"app\".\"mutex_permits\""),
             "{custom}"
         );
         assert!(!custom.contains("\"lockkit\""), "{custom}");

@@ -57,7 +57,7 @@ fn at_most_n_commands_run_at_once() {
 /// anything, saying why; a number of 0 is refused everywhere.
 #[test]
 fn permits_are_refused_where_not_offered_and_checked_everywhere() {
-    for (backend, url) in servers() {
+    for (_, url) in servers() {
         let key = unique_key("permits-refused");
         let zero = output(&["--url", &url, "run", &key, "--permits", "0", "--", "true"]);
         assert_fails(&zero, 78, "permits");

@@ -22,7 +22,7 @@
 //! min_safety = "consensus"      # in-process < single-node < quorum < consensus < acid-transaction
 //! fifo_fair = true              # waiters are served in order
 //! no_eviction = true            # no server that may evict lock keys (Redis: maxmemory-policy noeviction)
-//! semaphores = true             # N-permit semaphores (memory, Redis, Redis Cluster)
+//! semaphores = true             # N-permit semaphores (every backend but Redlock)
 //! # lock_outlives_connection = false  # a dead client connection frees the lock at once (PostgreSQL only)
 //! ```
 //!
