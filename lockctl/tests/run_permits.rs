@@ -13,7 +13,7 @@ use common::*;
 #[test]
 fn at_most_n_commands_run_at_once() {
     for (backend, url) in servers() {
-        if !offers_semaphores(backend) {
+        if !offers_semaphores(&url) {
             continue;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -57,11 +57,11 @@ fn at_most_n_commands_run_at_once() {
 /// anything, saying why; a number of 0 is refused everywhere.
 #[test]
 fn permits_are_refused_where_not_offered_and_checked_everywhere() {
-    for (backend, url) in servers() {
+    for (_, url) in servers() {
         let key = unique_key("permits-refused");
         let zero = output(&["--url", &url, "run", &key, "--permits", "0", "--", "true"]);
         assert_fails(&zero, 78, "permits");
-        if offers_semaphores(backend) {
+        if offers_semaphores(&url) {
             continue;
         }
         let out = output(&["--url", &url, "run", &key, "--permits", "2", "--", "true"]);
@@ -69,6 +69,6 @@ fn permits_are_refused_where_not_offered_and_checked_everywhere() {
     }
 }
 
-fn offers_semaphores(backend: &str) -> bool {
-    matches!(backend, "redis")
+fn offers_semaphores(url: &str) -> bool {
+    offers(url, lockkit::Mode::semaphore(2))
 }

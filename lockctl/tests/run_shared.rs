@@ -75,13 +75,6 @@ fn shared_is_refused_where_not_offered() {
     }
 }
 
-/// Whether the backend at `url` offers read-write locks, as its
-/// capabilities say.
 fn offers_read_write(url: &str) -> bool {
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let locker = runtime.block_on(lockkit::connect(url)).expect("connects");
-    locker
-        .capabilities()
-        .offer(&lockkit::Mode::Shared)
-        .is_offered()
+    offers(url, lockkit::Mode::Shared)
 }
