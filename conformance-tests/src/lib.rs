@@ -56,6 +56,13 @@ macro_rules! conformance_suite {
             semaphore_input_is_validated,
             never_more_than_n_holders_under_contention,
             dropped_permit_attempt_gives_its_permit_back,
+            read_write_is_offered_or_refused_with_a_reason,
+            readers_share_and_a_writer_excludes_them,
+            a_waiting_writer_blocks_new_readers,
+            an_expired_reader_frees_the_key,
+            readers_and_semaphores_do_not_mix,
+            no_writer_overlaps_anyone_under_contention,
+            dropped_read_attempt_gives_its_hold_back,
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {

@@ -90,6 +90,14 @@ impl Capabilities {
         self
     }
 
+    /// Declares whether the backend offers read-write locks
+    /// ([`Mode::Shared`] holds beside the exclusive one), and in what order
+    /// their readers are granted.
+    pub fn with_read_write(mut self, offer: Offer) -> Self {
+        self.modes.read_write = offer;
+        self
+    }
+
     /// What the backend says about `mode`. The exclusive lock is offered
     /// everywhere, its waiters granted in [`waiting_order`](Self::waiting_order).
     ///
@@ -105,6 +113,7 @@ impl Capabilities {
                 waiting_order: self.waiting_order,
             },
             Mode::Semaphore { .. } => self.modes.semaphore,
+            Mode::Shared => self.modes.read_write,
         }
     }
 

@@ -20,6 +20,7 @@ mod operator;
 mod owner;
 mod patience;
 mod place;
+mod read_write;
 mod semaphore;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;
@@ -51,6 +52,7 @@ pub use observe::KeyLabel;
 pub use operator::{HeldLock, LockReport};
 pub use owner::{OwnerToken, Secret};
 pub use patience::Wait;
+pub use read_write::ReadWrite;
 pub use semaphore::Semaphore;
 pub use wait::{Backoff, WAITING_EVENT_TARGET};
 

@@ -56,6 +56,9 @@ struct Slot {
     holder: Option<Holder>,
     /// The key's holders while it is a semaphore (then `holder` is `None`).
     semaphore: Option<Permits>,
+    /// The key's shared (read) holders, while it is a read-write lock held
+    /// for reading (then `holder` and `semaphore` are `None`).
+    readers: Vec<Holder>,
     /// The waiting line, head first: while it has a live head, only that
     /// waiter is granted the free key.
     line: VecDeque<InLine>,
@@ -97,6 +100,7 @@ impl Slot {
         Slot {
             holder: None,
             semaphore: None,
+            readers: Vec::new(),
             line: VecDeque::new(),
             removals: watch::channel(Removal::default()).0,
         }
@@ -136,10 +140,19 @@ impl Slot {
         self.semaphore.as_mut()
     }
 
+    /// The live shared holders, once expired ones are dropped.
+    fn live_readers(&mut self, now: Instant) -> &mut Vec<Holder> {
+        self.readers.retain(|h| h.expires_at > now);
+        &mut self.readers
+    }
+
     /// The mode the key is held in now, if held.
     fn held_mode(&mut self, now: Instant) -> Option<Mode> {
         if self.live_holder(now).is_some() {
             return Some(Mode::Exclusive);
+        }
+        if !self.live_readers(now).is_empty() {
+            return Some(Mode::Shared);
         }
         self.live_permits(now).map(|p| Mode::semaphore(p.limit))
     }
@@ -150,6 +163,7 @@ impl Slot {
         if let Some(permits) = self.semaphore.take() {
             owners.extend(permits.holders.into_iter().map(|h| h.owner));
         }
+        owners.extend(self.readers.drain(..).map(|h| h.owner));
         self.removed(owners, reason)
     }
 
@@ -168,6 +182,7 @@ impl Slot {
     fn is_idle(&self) -> bool {
         self.holder.is_none()
             && self.semaphore.is_none()
+            && self.readers.is_empty()
             && self.line.is_empty()
             && self.removals.receiver_count() == 0
     }
@@ -210,6 +225,9 @@ impl MemoryBackend {
             .with_semaphore(Offer::Offered {
                 waiting_order: WaitingOrder::Unordered,
             })
+            .with_read_write(Offer::Offered {
+                waiting_order: WaitingOrder::Unordered,
+            })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -243,7 +261,14 @@ impl MemoryBackend {
                 asked: Mode::Exclusive,
             });
         }
-        let remaining = slot.live_holder(now).map(|h| h.expires_at - now);
+        // Readers hold until the last of them leaves; a waiting writer's
+        // place in line (kept below) makes new readers wait behind it.
+        let last_reader = slot.live_readers(now).iter().map(|h| h.expires_at).max();
+        let remaining = slot
+            .live_holder(now)
+            .map(|h| h.expires_at)
+            .or(last_reader)
+            .map(|until| until - now);
         let others_turn = slot.live_head(now).is_some_and(|head| Some(head) != place);
         if remaining.is_some() || others_turn {
             if let Some(place) = place {
@@ -323,8 +348,52 @@ impl MemoryBackend {
         Ok((Grant::new(token).sent_at(now), late))
     }
 
-    /// Removes `owner`'s grant on `key` (exclusive or a permit), if it
-    /// still has it.
+    /// Grants `key` to `owner` for reading, unless a writer holds it or
+    /// waits for it (a live place in its line: only writers stand there).
+    fn grant_shared(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<(Grant, Option<Duration>)> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let token = FencingToken::new(state.last_token + 1);
+        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
+        if let Some(held @ Mode::Semaphore { .. }) = slot.held_mode(now) {
+            return Err(Error::ModeConflict {
+                key: key.to_string(),
+                held: Some(held),
+                asked: Mode::Shared,
+            });
+        }
+        let writer = slot.live_holder(now).map(|h| h.expires_at - now);
+        if writer.is_some() || slot.live_head(now).is_some() {
+            return Err(Error::Contended {
+                key: key.to_string(),
+                remaining: writer,
+            });
+        }
+        // An earlier run of this very request (see `LockBackend::try_acquire`).
+        slot.readers.retain(|h| h.owner != *owner);
+        slot.readers.push(Holder {
+            owner: owner.clone(),
+            token,
+            expires_at: now + ttl,
+        });
+        state.last_token = token.get();
+        let late = (state.late_grants > 0).then(|| {
+            state.late_grants -= 1;
+            state.grant_delay
+        });
+        Ok((Grant::new(token).sent_at(now), late))
+    }
+
+    /// Removes `owner`'s grant on `key` (exclusive, a permit or a read
+    /// hold), if it still has it.
     fn remove_owned(&self, key: &LockKey, owner: &OwnerToken) -> bool {
         let mut state = self.state();
         let Some(slot) = state.slots.get_mut(key.as_str()) else {
@@ -339,6 +408,9 @@ impl MemoryBackend {
             if permits.holders.is_empty() {
                 slot.semaphore = None;
             }
+            slot.removed(vec![owner.clone()], LostReason::Released)
+        } else if let Some(at) = slot.readers.iter().position(|h| h.owner == *owner) {
+            slot.readers.swap_remove(at);
             slot.removed(vec![owner.clone()], LostReason::Released)
         } else {
             false
@@ -485,7 +557,8 @@ impl LockBackend for MemoryBackend {
     ) -> Result<Grant> {
         let granted = match mode {
             Mode::Semaphore { permits } => self.grant_permit(key, owner, ttl, permits)?,
-            _ => self.grant(key, owner, ttl, None)?,
+            Mode::Shared => self.grant_shared(key, owner, ttl)?,
+            Mode::Exclusive => self.grant(key, owner, ttl, None)?,
         };
         self.reply(key, owner, granted).await
     }
@@ -528,7 +601,10 @@ impl LockBackend for MemoryBackend {
             Mode::Semaphore { .. } => slot
                 .and_then(|s| s.semaphore.as_mut())
                 .and_then(|p| p.holders.iter_mut().find(|h| h.owner == *lease.owner())),
-            _ => slot.and_then(|s| s.holder.as_mut()),
+            Mode::Shared => {
+                slot.and_then(|s| s.readers.iter_mut().find(|h| h.owner == *lease.owner()))
+            }
+            Mode::Exclusive => slot.and_then(|s| s.holder.as_mut()),
         };
         match holder {
             Some(h) if h.owner == *lease.owner() && h.expires_at > now => {
@@ -553,7 +629,11 @@ impl LockBackend for MemoryBackend {
                     Mode::Semaphore { .. } => slot
                         .live_permits(now)
                         .is_some_and(|p| p.holders.iter().any(|h| h.owner == *lease.owner())),
-                    _ => slot
+                    Mode::Shared => slot
+                        .live_readers(now)
+                        .iter()
+                        .any(|h| h.owner == *lease.owner()),
+                    Mode::Exclusive => slot
                         .live_holder(now)
                         .is_some_and(|h| h.owner == *lease.owner()),
                 })
@@ -579,10 +659,12 @@ impl LockBackend for MemoryBackend {
                     let mode = Mode::semaphore(p.limit);
                     p.holders.iter().map(move |h| (h, mode))
                 });
+                let readers = s.readers.iter().map(|h| (h, Mode::Shared));
                 s.holder
                     .iter()
                     .map(|h| (h, Mode::Exclusive))
                     .chain(permits)
+                    .chain(readers)
                     .filter(move |(h, _)| h.expires_at > now)
                     .map(move |(h, mode)| {
                         HeldLock::new(k.clone())
@@ -630,6 +712,7 @@ impl LockBackend for MemoryBackend {
             s.holder
                 .iter()
                 .chain(permits)
+                .chain(&s.readers)
                 .any(|h| h.owner == owner && h.expires_at > now)
         });
         let (true, Some(slot)) = (held, slot) else {

@@ -31,6 +31,12 @@ pub enum Mode {
         /// How many holders the key admits at once (1 to [`MAX_PERMITS`]).
         permits: u32,
     },
+    /// One of any number of shared (read) holders of a read-write lock.
+    /// The write hold is [`Mode::Exclusive`]: a plain lock and a writer are
+    /// one thing, so readers exclude plain locks and plain locks exclude
+    /// readers. A writer waiting for the readers to leave blocks new
+    /// readers, so that writers do not starve.
+    Shared,
 }
 
 impl Mode {
@@ -44,6 +50,7 @@ impl Mode {
         match self {
             Mode::Exclusive => "exclusive locks",
             Mode::Semaphore { .. } => "semaphores",
+            Mode::Shared => "read-write locks",
         }
     }
 }
@@ -54,6 +61,7 @@ impl fmt::Display for Mode {
             Mode::Exclusive => f.write_str("an exclusive lock"),
             Mode::Semaphore { permits: 1 } => f.write_str("a semaphore of 1 permit"),
             Mode::Semaphore { permits } => write!(f, "a semaphore of {permits} permits"),
+            Mode::Shared => f.write_str("a shared (read) hold"),
         }
     }
 }
@@ -100,6 +108,9 @@ impl fmt::Display for Offer {
 pub struct Modes {
     /// N-permit semaphores ([`Mode::Semaphore`]).
     pub semaphore: Offer,
+    /// Read-write locks: shared holds ([`Mode::Shared`]) beside the
+    /// exclusive one, with waiting writers blocking new readers.
+    pub read_write: Offer,
 }
 
 impl Default for Modes {
@@ -107,6 +118,9 @@ impl Default for Modes {
         Modes {
             semaphore: Offer::Refused {
                 reason: "this backend has no semaphore implementation",
+            },
+            read_write: Offer::Refused {
+                reason: "this backend has no read-write lock implementation",
             },
         }
     }

@@ -241,6 +241,9 @@ impl EtcdBackend {
             ..lock_core::Limits::default()
         };
         let capabilities = Capabilities::new("etcd", SafetyModel::Consensus)
+            .with_read_write(Offer::Refused {
+                reason: "not built yet (the etcd recipe: readers and writers ordered by create revision under the key's prefix)",
+            })
             .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
             .with_wake_up(WakeUp::Watch)
             .with_waiting_order(WaitingOrder::Fifo {

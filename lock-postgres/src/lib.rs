@@ -202,6 +202,9 @@ impl PostgresBackend {
         }
         conns.give_back(first);
         let capabilities = Capabilities::new(errors::BACKEND, SafetyModel::AcidTransaction)
+            .with_read_write(Offer::Refused {
+                reason: "not built yet (FOR SHARE NOWAIT for readers, FOR UPDATE NOWAIT for the writer)",
+            })
             .with_fencing(FencingGuarantee::Strict, [Assumption::DurableDatabase])
             .with_wake_up(WakeUp::ServerBlocking)
             .with_lock_outlives_connection(false)

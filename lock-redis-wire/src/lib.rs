@@ -4,6 +4,7 @@ pub mod batch;
 pub mod config;
 pub mod errors;
 pub mod keys;
+pub mod read_write;
 mod reply;
 pub mod scripts;
 pub mod semaphore;

@@ -37,15 +37,19 @@ pub const PERMITS_SUFFIX: &str = ":permits";
 ///
 /// Acquire answers `{token, 0}` when granted, `{-1, ms until the first
 /// permit expires}` when full, `{-2, permits}` when held with another
-/// number of permits, `{-3, 0}` when the key holds an exclusive lock.
+/// number of permits, `{-3, 0}` when the key holds an exclusive lock,
+/// `{-4, 0}` when readers hold it.
 /// Extend and release answer 1 when `owner` held a live permit, else 0.
 pub const SEMAPHORE_LUA: &str = r#"
 local lock, permits_key, counter = KEYS[1], KEYS[2], KEYS[3]
 local op, owner = ARGV[1], ARGV[2]
 local kind = redis.call('TYPE', lock)['ok']
 if kind ~= 'zset' and kind ~= 'none' then
-  if op == 'a' then return {-3, 0} end
-  return 0
+  if op ~= 'a' then return 0 end
+  -- Readers of a read-write lock (see `crate::read_write`), or a writer.
+  local value = kind == 'string' and redis.call('GET', lock)
+  if value == 'r' or value == 'r+' then return {-4, 0} end
+  return {-3, 0}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -123,6 +127,8 @@ pub enum PermitReply {
     OtherPermits(u32),
     /// The key holds an exclusive lock.
     Exclusive,
+    /// Readers of a read-write lock hold the key.
+    Shared,
 }
 
 /// One attempt to take one of `permits` permits of `keys`' lock for `owner`.
@@ -153,6 +159,7 @@ pub async fn acquire_permit<C: ConnectionLike>(
         -1 => PermitReply::Full(Duration::from_millis(second.max(0) as u64)),
         -2 => PermitReply::OtherPermits(second.clamp(0, u32::MAX as i64) as u32),
         -3 => PermitReply::Exclusive,
+        -4 => PermitReply::Shared,
         token => PermitReply::Granted(FencingToken::new(token.max(1) as u64)),
     })
 }

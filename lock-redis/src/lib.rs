@@ -4,6 +4,7 @@ mod connection;
 mod eviction;
 mod line;
 mod permits;
+mod readers;
 mod replicas;
 mod sentinel;
 mod view;
@@ -379,9 +380,13 @@ impl RedisBackend {
         // Permits are granted by scripts of their own, which no `WAIT`
         // follows yet: refused rather than granted unconfirmed.
         let capabilities = match wait {
-            Some(_) => capabilities.with_semaphore(Offer::Refused {
-                reason: "not with min_replicas: permits are not yet confirmed by WAIT",
-            }),
+            Some(_) => capabilities
+                .with_semaphore(Offer::Refused {
+                    reason: "not with min_replicas: permits are not yet confirmed by WAIT",
+                })
+                .with_read_write(Offer::Refused {
+                    reason: "not with min_replicas: read holds are not yet confirmed by WAIT",
+                }),
             None => capabilities,
         };
         let capabilities = match eviction::lock_key_eviction(&conn, &settings, &endpoint).await {
@@ -641,6 +646,9 @@ fn capabilities(backend: &'static str, cluster: bool, waiter_lease: Duration) ->
         .with_semaphore(Offer::Offered {
             waiting_order: WaitingOrder::Unordered,
         })
+        .with_read_write(Offer::Offered {
+            waiting_order: WaitingOrder::Unordered,
+        })
         .with_tolerated_server_failures(0)
         .with_limits(Limits {
             min_ttl: Duration::from_millis(10),
@@ -679,7 +687,9 @@ impl LockBackend for RedisBackend {
     ) -> Result<Grant> {
         match mode {
             Mode::Semaphore { permits } => self.try_acquire_permit(key, owner, ttl, permits).await,
-            _ => self.try_acquire(key, owner, ttl).await,
+            Mode::Shared => self.try_acquire_read(key, owner, ttl).await,
+            Mode::Exclusive => self.try_acquire(key, owner, ttl).await,
+            other => Err(Error::unsupported_mode(self.capabilities(), &other)),
         }
     }
 
@@ -786,8 +796,10 @@ impl LockBackend for RedisBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
-        if let Mode::Semaphore { .. } = lease.mode() {
-            return self.extend_permit(lease, ttl).await;
+        match lease.mode() {
+            Mode::Semaphore { .. } => return self.extend_permit(lease, ttl).await,
+            Mode::Shared => return self.extend_read(lease, ttl).await,
+            _ => {}
         }
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let extended = match self.inner.wait {
@@ -807,8 +819,10 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        if let Mode::Semaphore { .. } = lease.mode() {
-            return self.release_permit(lease).await;
+        match lease.mode() {
+            Mode::Semaphore { .. } => return self.release_permit(lease).await,
+            Mode::Shared => return self.release_read(lease).await,
+            _ => {}
         }
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let released = self

@@ -51,6 +51,11 @@ impl RedisBackend {
                 held: Some(Mode::Exclusive),
                 asked,
             }),
+            PermitReply::Shared => Err(Error::ModeConflict {
+                key: key.to_string(),
+                held: Some(Mode::Shared),
+                asked,
+            }),
         }
     }
 

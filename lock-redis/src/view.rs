@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lock_core::{FencingToken, HeldLock, LockReport, Mode, Result};
 use lock_redis_wire::keys::StoredKey;
-use lock_redis_wire::{KeyLayout, map_error};
+use lock_redis_wire::{KeyLayout, map_error, read_write};
 use redis::aio::ConnectionLike;
 
 const SCAN_BATCH: usize = 500;
@@ -62,6 +62,9 @@ pub(crate) async fn scan_into<C: ConnectionLike + Send>(
                 }
             }
             let held = take_semaphores(conn, layout, held, report)
+                .await
+                .map_err(fail)?;
+            let held = take_readers(conn, layout, held, report)
                 .await
                 .map_err(fail)?;
             if !counters_per_lock {
@@ -141,6 +144,61 @@ async fn take_semaphores<C: ConnectionLike + Send>(
                         HeldLock::new(key.clone())
                             .with_remaining(Duration::from_millis(left))
                             .with_mode(mode),
+                    );
+                }
+            }
+        }
+    }
+    Ok(locks.into_iter().map(|(held, _)| held).collect())
+}
+
+/// Moves the read-write locks held by readers among `held` into `report`,
+/// one entry per reader with its own remaining TTL (no token, and never
+/// the owner token, the set's member). Returns the other locks, held by
+/// one holder each: an exclusive lock, or a read-write lock's writer.
+async fn take_readers<C: ConnectionLike + Send>(
+    conn: &mut C,
+    layout: &KeyLayout,
+    held: Vec<(String, Duration)>,
+    report: &mut LockReport,
+) -> redis::RedisResult<Vec<(String, Duration)>> {
+    if held.is_empty() {
+        return Ok(held);
+    }
+    let mut pipe = redis::pipe();
+    for (key, _) in &held {
+        pipe.cmd("GET").arg(layout.keys(key).lock);
+    }
+    let values: Vec<Option<String>> = pipe.query_async(conn).await?;
+    let (read, locks): (Vec<_>, Vec<_>) = held.into_iter().zip(values).partition(|(_, value)| {
+        value
+            .as_deref()
+            .is_some_and(|v| v.trim_end_matches('+') == read_write::READ_MARKER)
+    });
+    if !read.is_empty() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for ((key, _), _) in &read {
+            let readers = read_write::readers_key(&layout.keys(key));
+            pipe.cmd("ZRANGE")
+                .arg(readers)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES");
+        }
+        let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+        let rest = replies.split_off(1);
+        let (seconds, micros): (u64, u64) = redis::from_redis_value(replies[0].clone())?;
+        let now_ms = seconds * 1000 + micros / 1000;
+        for (((key, _), _), readers) in read.into_iter().zip(rest) {
+            let readers: Vec<(String, f64)> = redis::from_redis_value(readers)?;
+            for (_owner, expiry) in readers {
+                let left = (expiry as u64).saturating_sub(now_ms);
+                if left > 0 {
+                    report.held.push(
+                        HeldLock::new(key.clone())
+                            .with_remaining(Duration::from_millis(left))
+                            .with_mode(Mode::Shared),
                     );
                 }
             }

@@ -143,6 +143,10 @@ impl RedlockBackend {
             SafetyModel::QuorumWithTimingAssumptions
         };
         let capabilities = Capabilities::new(BACKEND, safety)
+            .with_read_write(Offer::Refused {
+                reason: "not built yet: readers over independent masters must be counted on a majority, \
+                         and a writer waiting on them marked there too",
+            })
             .with_fencing(
                 FencingGuarantee::Strict,
                 [

@@ -102,6 +102,12 @@ enum Cmd {
         /// Refused (exit 64) on a backend without semaphores.
         #[arg(long, value_name = "N")]
         permits: Option<u32>,
+        /// Take a shared (read) hold of KEY as a read-write lock: any number of
+        /// `--shared` runs at once, none beside a run without it (the writer). A
+        /// writer waiting for the readers makes new readers wait behind it.
+        /// Refused (exit 64) on a backend without read-write locks.
+        #[arg(long, conflicts_with = "permits")]
+        shared: bool,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -330,11 +336,16 @@ async fn dispatch(cli: Cli) -> ExitCode {
             lock,
             grace,
             permits,
+            shared,
             command,
         } => {
             let opts = run::RunOptions {
                 key: target.key(&key),
-                mode: permits.map_or(lockkit::Mode::Exclusive, lockkit::Mode::semaphore),
+                mode: match (shared, permits) {
+                    (true, _) => lockkit::Mode::Shared,
+                    (false, Some(n)) => lockkit::Mode::semaphore(n),
+                    (false, None) => lockkit::Mode::Exclusive,
+                },
                 ttl: target.ttl(lock.ttl),
                 wait: target.wait(lock.wait()),
                 grace,

@@ -20,6 +20,10 @@ pub struct Entry<'a> {
     /// them (a semaphore lists one entry per holder); absent for a lock.
     #[serde(skip_serializing_if = "Option::is_none")]
     permits: Option<u32>,
+    /// True for a reader of a read-write lock (one entry per reader);
+    /// absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shared: bool,
 }
 
 fn permits(mode: Mode) -> Option<u32> {
@@ -40,6 +44,7 @@ impl<'a> Entry<'a> {
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             fencing_token: h.fencing_token.map(|t| t.get()),
             permits: permits(h.mode),
+            shared: h.mode == Mode::Shared,
         }
     }
 
@@ -51,6 +56,7 @@ impl<'a> Entry<'a> {
             remaining_ms: None,
             fencing_token: None,
             permits: None,
+            shared: false,
         }
     }
 }
@@ -83,7 +89,8 @@ pub fn leak_line(key: &str) -> String {
 
 /// `key  held  remaining=12.3s  fencing_token=42` (unknown parts shown as
 /// `?`; the key escaped where it could spoof the terminal), followed by
-/// `permits=3` for a holder of a semaphore's permit.
+/// `permits=3` for a holder of a semaphore's permit, or `shared` for a
+/// reader of a read-write lock.
 pub fn line(h: &HeldLock) -> String {
     let remaining = h
         .remaining
@@ -97,9 +104,10 @@ pub fn line(h: &HeldLock) -> String {
         "{}\theld\tremaining={remaining}\tfencing_token={token}",
         printable::key(&h.key)
     );
-    match permits(h.mode) {
-        Some(n) => format!("{line}\tpermits={n}"),
-        None => line,
+    match (permits(h.mode), h.mode) {
+        (Some(n), _) => format!("{line}\tpermits={n}"),
+        (None, Mode::Shared) => format!("{line}\tshared"),
+        (None, _) => line,
     }
 }
 
@@ -139,6 +147,17 @@ mod tests {
         assert_eq!(back["key"], key);
         assert_eq!(back["held"], false);
         assert!(back["fencing_token"].is_null());
+    }
+
+    #[test]
+    fn a_reader_is_shown_as_shared() {
+        let reader = HeldLock::new("doc").with_mode(Mode::Shared);
+        assert!(line(&reader).ends_with("\tshared"), "{}", line(&reader));
+        let back: serde_json::Value = serde_json::from_str(&json(&Entry::held(&reader))).unwrap();
+        assert_eq!(back["shared"], true);
+        let lock = HeldLock::new("doc");
+        assert!(!line(&lock).contains("shared"));
+        assert!(!json(&Entry::held(&lock)).contains("shared"));
     }
 
     #[test]

@@ -69,16 +69,6 @@ fn permits_are_refused_where_not_offered_and_checked_everywhere() {
     }
 }
 
-/// What the backend behind `url` says of semaphores (its capabilities, not
-/// its name).
 fn offers_semaphores(url: &str) -> bool {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let locker = runtime.block_on(lockkit::connect(url)).expect("connect");
-    locker
-        .capabilities()
-        .offer(&lockkit::Mode::semaphore(2))
-        .is_offered()
+    offers(url, lockkit::Mode::semaphore(2))
 }

@@ -23,6 +23,7 @@
 //! fifo_fair = true              # waiters are served in order
 //! no_eviction = true            # no server that may evict lock keys (Redis: maxmemory-policy noeviction)
 //! semaphores = true             # N-permit semaphores (every backend but Redlock)
+//! read_write = true             # read-write locks (memory, Redis, Redis Cluster, Redis Sentinel)
 //! # lock_outlives_connection = false  # a dead client connection frees the lock at once (PostgreSQL only)
 //! ```
 //!
@@ -144,6 +145,7 @@ struct FileRequirements {
     lock_outlives_connection: Option<bool>,
     no_eviction: Option<bool>,
     semaphores: Option<bool>,
+    read_write: Option<bool>,
 }
 
 impl Config {
@@ -297,6 +299,7 @@ impl Profile {
             lock_outlives_connection: r.lock_outlives_connection,
             no_eviction: r.no_eviction.unwrap_or(false),
             semaphores: r.semaphores.unwrap_or(false),
+            read_write: r.read_write.unwrap_or(false),
         };
         let requirements = uses
             .map(RequirementSet::requirements)
@@ -659,6 +662,28 @@ mod tests {
         assert!(own.requirements.no_eviction);
         assert_eq!(own.requirements.shortfalls(&evicting).len(), 1);
         assert!(own.requirements.shortfalls(&caps_like_redis()).is_empty());
+    }
+
+    #[test]
+    fn a_profile_may_require_read_write_locks() {
+        let c = Config::parse(
+            "[profiles.docs]\nurl = \"memory://\"\n[profiles.docs.require]\nread_write = true",
+            "f.toml",
+        )
+        .unwrap();
+        let wanted = c.profile("docs").unwrap().requirements;
+        assert!(wanted.read_write);
+        let without = caps_like_postgres().with_read_write(lock_core::Offer::Refused {
+            reason: "not built yet",
+        });
+        let s = wanted.shortfalls(&without);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert!(s[0].requires.contains("read-write"), "{s:?}");
+        assert!(s[0].offers.contains("not built yet"), "{s:?}");
+        let with = caps_like_redis().with_read_write(lock_core::Offer::Offered {
+            waiting_order: lock_core::WaitingOrder::Unordered,
+        });
+        assert!(wanted.shortfalls(&with).is_empty());
     }
 
     #[test]

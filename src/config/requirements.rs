@@ -34,6 +34,9 @@ pub struct Requirements {
     /// `semaphores = true`: the backend offers N-permit semaphores
     /// ([`Mode::Semaphore`]).
     pub semaphores: bool,
+    /// `read_write = true`: the backend offers read-write locks
+    /// ([`Mode::Shared`] holds beside the exclusive one).
+    pub read_write: bool,
 }
 
 /// A requirement the backend does not meet, and what it offers instead.
@@ -116,6 +119,14 @@ impl Requirements {
                 format!("no semaphores: {reason}"),
             );
         }
+        if self.read_write
+            && let Offer::Refused { reason } = caps.offer(&Mode::Shared)
+        {
+            miss(
+                "read-write locks (shared holds)".into(),
+                format!("no read-write locks: {reason}"),
+            );
+        }
         match self.lock_outlives_connection {
             Some(true) if !caps.lock_outlives_connection => miss(
                 "locks that outlive the client's connection (until their TTL)".into(),
@@ -144,6 +155,7 @@ impl Requirements {
                 .or(self.lock_outlives_connection),
             no_eviction: self.no_eviction || other.no_eviction,
             semaphores: self.semaphores || other.semaphores,
+            read_write: self.read_write || other.read_write,
         }
     }
 }

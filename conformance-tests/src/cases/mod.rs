@@ -10,6 +10,7 @@ mod input;
 mod lifecycle;
 mod operator;
 mod order;
+mod read_write;
 mod reentrant;
 mod semaphore;
 mod waiting;
@@ -35,6 +36,12 @@ pub use order::{
     a_cancelled_waiter_leaves_the_line,
     a_waiter_killed_in_line_stalls_the_next_no_longer_than_the_bound,
     waiters_are_granted_in_order_of_arrival,
+};
+pub use read_write::{
+    a_waiting_writer_blocks_new_readers, an_expired_reader_frees_the_key,
+    dropped_read_attempt_gives_its_hold_back, no_writer_overlaps_anyone_under_contention,
+    read_write_is_offered_or_refused_with_a_reason, readers_and_semaphores_do_not_mix,
+    readers_share_and_a_writer_excludes_them,
 };
 pub use reentrant::{
     a_holder_name_is_one_identity_in_one_process, a_lost_grant_reaches_every_hold,

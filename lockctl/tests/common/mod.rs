@@ -182,3 +182,10 @@ fn start_time(pid: i32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     Some(stat.rsplit(") ").next()?.split(' ').nth(19)?.to_owned())
 }
+
+/// Whether the backend at `url` offers `mode`, as its capabilities say.
+pub fn offers(url: &str, mode: lockkit::Mode) -> bool {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let locker = runtime.block_on(lockkit::connect(url)).expect("connects");
+    locker.capabilities().offer(&mode).is_offered()
+}
