@@ -620,6 +620,16 @@ impl RedisBackend {
     fn error(&self, e: redis::RedisError) -> Error {
         map_error(self.inner.capabilities.backend, &self.inner.endpoint, e)
     }
+
+    /// What a script that extends or releases `lease`'s hold answered:
+    /// done, or the hold was no longer there (lost), or the call failed.
+    pub(crate) fn settled(&self, lease: &Lease, reply: redis::RedisResult<bool>) -> Result<()> {
+        match reply {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
+            Err(e) => Err(self.error(e)),
+        }
+    }
 }
 
 fn capabilities(backend: &'static str, cluster: bool, waiter_lease: Duration) -> Capabilities {

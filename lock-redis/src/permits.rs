@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_core::raw::{GiveBack, Grant};
-use lock_core::{Error, Lease, LockKey, LostReason, Mode, OwnerToken, Result};
+use lock_core::{Error, Lease, LockKey, Mode, OwnerToken, Result};
 use lock_redis_wire::LockKeys;
 use lock_redis_wire::semaphore::{self, PermitCounter, PermitReply};
 
@@ -62,21 +62,15 @@ impl RedisBackend {
     pub(crate) async fn extend_permit(&self, lease: &Lease, ttl: Duration) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let conn = &mut self.inner.conn.clone();
-        match semaphore::extend_permit(conn, &keys, lease.owner(), ttl).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
-            Err(e) => Err(self.error(e)),
-        }
+        let reply = semaphore::extend_permit(conn, &keys, lease.owner(), ttl).await;
+        self.settled(lease, reply)
     }
 
     pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let conn = &mut self.inner.conn.clone();
-        match semaphore::release_permit(conn, &keys, lease.owner()).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
-            Err(e) => Err(self.error(e)),
-        }
+        let reply = semaphore::release_permit(conn, &keys, lease.owner()).await;
+        self.settled(lease, reply)
     }
 
     /// `Some` when `key`'s lock key holds a semaphore, with its mode when

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lock_core::raw::{GiveBack, Grant};
-use lock_core::{Error, Lease, LockKey, LostReason, Mode, OwnerToken, Result};
+use lock_core::{Error, Lease, LockKey, Mode, OwnerToken, Result};
 use lock_redis_wire::LockKeys;
 use lock_redis_wire::read_write::{self, ReadReply};
 use lock_redis_wire::semaphore::PermitCounter;
@@ -51,21 +51,15 @@ impl RedisBackend {
     pub(crate) async fn extend_read(&self, lease: &Lease, ttl: Duration) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let conn = &mut self.inner.conn.clone();
-        match read_write::extend_read(conn, &keys, lease.owner(), ttl).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
-            Err(e) => Err(self.error(e)),
-        }
+        let reply = read_write::extend_read(conn, &keys, lease.owner(), ttl).await;
+        self.settled(lease, reply)
     }
 
     pub(crate) async fn release_read(&self, lease: &Lease) -> Result<()> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let conn = &mut self.inner.conn.clone();
-        match read_write::release_read(conn, &keys, lease.owner()).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::lost(lease.key().as_str(), LostReason::NotHeld)),
-            Err(e) => Err(self.error(e)),
-        }
+        let reply = read_write::release_read(conn, &keys, lease.owner()).await;
+        self.settled(lease, reply)
     }
 
     /// Gives back, in a task of its own, the read hold an attempt may hold.
