@@ -236,6 +236,30 @@ impl MemoryBackend {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What every grant shares: the scripted outage, the key's next token,
+    /// its slot, and the scripted late replies; `decide` refuses, or
+    /// records the grant of `token` in the slot.
+    fn record_grant(
+        &self,
+        key: &LockKey,
+        decide: impl FnOnce(&mut Slot, Instant, FencingToken) -> Result<()>,
+    ) -> Result<(Grant, Option<Duration>)> {
+        let mut state = self.state();
+        if state.unavailable {
+            return Err(self.unavailable());
+        }
+        let now = Instant::now();
+        let token = FencingToken::new(state.last_token + 1);
+        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
+        decide(slot, now, token)?;
+        state.last_token = token.get();
+        let late = (state.late_grants > 0).then(|| {
+            state.late_grants -= 1;
+            state.grant_delay
+        });
+        Ok((Grant::new(token).sent_at(now), late))
+    }
+
     /// Grants `key` to `owner` if it is free and no other waiter's turn
     /// (the waiter at `place`: its own turn); with the delay of its reply
     /// when a scripted fault makes it late. Refused, a `place` keeps its
@@ -247,52 +271,43 @@ impl MemoryBackend {
         ttl: Duration,
         place: Option<&Place>,
     ) -> Result<(Grant, Option<Duration>)> {
-        let mut state = self.state();
-        if state.unavailable {
-            return Err(self.unavailable());
-        }
-        let now = Instant::now();
-        let token = FencingToken::new(state.last_token + 1);
-        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
-        if let Some(held @ Mode::Semaphore { .. }) = slot.held_mode(now) {
-            return Err(Error::ModeConflict {
-                key: key.to_string(),
-                held: Some(held),
-                asked: Mode::Exclusive,
-            });
-        }
-        // Readers hold until the last of them leaves; a waiting writer's
-        // place in line (kept below) makes new readers wait behind it.
-        let last_reader = slot.live_readers(now).iter().map(|h| h.expires_at).max();
-        let remaining = slot
-            .live_holder(now)
-            .map(|h| h.expires_at)
-            .or(last_reader)
-            .map(|until| until - now);
-        let others_turn = slot.live_head(now).is_some_and(|head| Some(head) != place);
-        if remaining.is_some() || others_turn {
-            if let Some(place) = place {
-                slot.keep_place(place, now + self.waiter_lease);
+        let waiter_lease = self.waiter_lease;
+        self.record_grant(key, |slot, now, token| {
+            if let Some(held @ Mode::Semaphore { .. }) = slot.held_mode(now) {
+                return Err(Error::ModeConflict {
+                    key: key.to_string(),
+                    held: Some(held),
+                    asked: Mode::Exclusive,
+                });
             }
-            return Err(Error::Contended {
-                key: key.to_string(),
-                remaining,
+            // Readers hold until the last of them leaves; a waiting writer's
+            // place in line (kept below) makes new readers wait behind it.
+            let last_reader = slot.live_readers(now).iter().map(|h| h.expires_at).max();
+            let remaining = slot
+                .live_holder(now)
+                .map(|h| h.expires_at)
+                .or(last_reader)
+                .map(|until| until - now);
+            let others_turn = slot.live_head(now).is_some_and(|head| Some(head) != place);
+            if remaining.is_some() || others_turn {
+                if let Some(place) = place {
+                    slot.keep_place(place, now + waiter_lease);
+                }
+                return Err(Error::Contended {
+                    key: key.to_string(),
+                    remaining,
+                });
+            }
+            if let Some(place) = place {
+                slot.line.retain(|w| w.place != *place);
+            }
+            slot.holder = Some(Holder {
+                owner: owner.clone(),
+                token,
+                expires_at: now + ttl,
             });
-        }
-        if let Some(place) = place {
-            slot.line.retain(|w| w.place != *place);
-        }
-        slot.holder = Some(Holder {
-            owner: owner.clone(),
-            token,
-            expires_at: now + ttl,
-        });
-        state.last_token = token.get();
-        let late = (state.late_grants > 0).then(|| {
-            state.late_grants -= 1;
-            state.grant_delay
-        });
-        Ok((Grant::new(token).sent_at(now), late))
+            Ok(())
+        })
     }
 
     /// Grants one of `key`'s `permits` permits to `owner`, if one is free;
@@ -304,48 +319,38 @@ impl MemoryBackend {
         ttl: Duration,
         permits: u32,
     ) -> Result<(Grant, Option<Duration>)> {
-        let mut state = self.state();
-        if state.unavailable {
-            return Err(self.unavailable());
-        }
-        let now = Instant::now();
-        let token = FencingToken::new(state.last_token + 1);
-        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
-        let asked = Mode::semaphore(permits);
-        match slot.held_mode(now) {
-            Some(held) if held != asked => {
-                return Err(Error::ModeConflict {
+        self.record_grant(key, |slot, now, token| {
+            let asked = Mode::semaphore(permits);
+            match slot.held_mode(now) {
+                Some(held) if held != asked => {
+                    return Err(Error::ModeConflict {
+                        key: key.to_string(),
+                        held: Some(held),
+                        asked,
+                    });
+                }
+                _ => {}
+            }
+            let taken = slot.semaphore.get_or_insert_with(|| Permits {
+                limit: permits,
+                holders: Vec::new(),
+            });
+            // An earlier run of this very request (see `LockBackend::try_acquire`).
+            taken.holders.retain(|h| h.owner != *owner);
+            if taken.holders.len() >= permits as usize {
+                let first_free = taken.holders.iter().map(|h| h.expires_at - now).min();
+                return Err(Error::Contended {
                     key: key.to_string(),
-                    held: Some(held),
-                    asked,
+                    remaining: first_free,
                 });
             }
-            _ => {}
-        }
-        let taken = slot.semaphore.get_or_insert_with(|| Permits {
-            limit: permits,
-            holders: Vec::new(),
-        });
-        // An earlier run of this very request (see `LockBackend::try_acquire`).
-        taken.holders.retain(|h| h.owner != *owner);
-        if taken.holders.len() >= permits as usize {
-            let first_free = taken.holders.iter().map(|h| h.expires_at - now).min();
-            return Err(Error::Contended {
-                key: key.to_string(),
-                remaining: first_free,
+            taken.holders.push(Holder {
+                owner: owner.clone(),
+                token,
+                expires_at: now + ttl,
             });
-        }
-        taken.holders.push(Holder {
-            owner: owner.clone(),
-            token,
-            expires_at: now + ttl,
-        });
-        state.last_token = token.get();
-        let late = (state.late_grants > 0).then(|| {
-            state.late_grants -= 1;
-            state.grant_delay
-        });
-        Ok((Grant::new(token).sent_at(now), late))
+            Ok(())
+        })
     }
 
     /// Grants `key` to `owner` for reading, unless a writer holds it or
@@ -356,40 +361,30 @@ impl MemoryBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<(Grant, Option<Duration>)> {
-        let mut state = self.state();
-        if state.unavailable {
-            return Err(self.unavailable());
-        }
-        let now = Instant::now();
-        let token = FencingToken::new(state.last_token + 1);
-        let slot = state.slots.entry(key.to_string()).or_insert_with(Slot::new);
-        if let Some(held @ Mode::Semaphore { .. }) = slot.held_mode(now) {
-            return Err(Error::ModeConflict {
-                key: key.to_string(),
-                held: Some(held),
-                asked: Mode::Shared,
+        self.record_grant(key, |slot, now, token| {
+            if let Some(held @ Mode::Semaphore { .. }) = slot.held_mode(now) {
+                return Err(Error::ModeConflict {
+                    key: key.to_string(),
+                    held: Some(held),
+                    asked: Mode::Shared,
+                });
+            }
+            let writer = slot.live_holder(now).map(|h| h.expires_at - now);
+            if writer.is_some() || slot.live_head(now).is_some() {
+                return Err(Error::Contended {
+                    key: key.to_string(),
+                    remaining: writer,
+                });
+            }
+            // An earlier run of this very request (see `LockBackend::try_acquire`).
+            slot.readers.retain(|h| h.owner != *owner);
+            slot.readers.push(Holder {
+                owner: owner.clone(),
+                token,
+                expires_at: now + ttl,
             });
-        }
-        let writer = slot.live_holder(now).map(|h| h.expires_at - now);
-        if writer.is_some() || slot.live_head(now).is_some() {
-            return Err(Error::Contended {
-                key: key.to_string(),
-                remaining: writer,
-            });
-        }
-        // An earlier run of this very request (see `LockBackend::try_acquire`).
-        slot.readers.retain(|h| h.owner != *owner);
-        slot.readers.push(Holder {
-            owner: owner.clone(),
-            token,
-            expires_at: now + ttl,
-        });
-        state.last_token = token.get();
-        let late = (state.late_grants > 0).then(|| {
-            state.late_grants -= 1;
-            state.grant_delay
-        });
-        Ok((Grant::new(token).sent_at(now), late))
+            Ok(())
+        })
     }
 
     /// Removes `owner`'s grant on `key` (exclusive, a permit or a read
