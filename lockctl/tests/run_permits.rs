@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::process::Stdio;
-
 use common::*;
 
 /// Three runs of a semaphore of 2 permits: the first two run together
@@ -16,31 +14,8 @@ fn at_most_n_commands_run_at_once() {
         if !offers_semaphores(&url) {
             continue;
         }
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log");
         let key = unique_key("permits");
-        // Waits (10 s at most) until two runs have started: under an
-        // exclusive lock the first would wait alone, and the check fails.
-        let script = format!(
-            "echo start >> {log}; i=0; while [ $(grep -c start {log}) -lt 2 ] && [ $i -lt 100 ]; \
-             do sleep 0.1; i=$((i+1)); done; echo end >> {log}",
-            log = log.display()
-        );
-        let children: Vec<_> = (0..3)
-            .map(|_| {
-                lockctl()
-                    .args(["--url", &url, "run", &key, "--permits", "2"])
-                    .args(["--ttl", "10s", "--wait", "60s", "--", "sh", "-c", &script])
-                    .stdin(Stdio::null())
-                    .spawn()
-                    .expect("lockctl starts")
-            })
-            .collect();
-        for mut child in children {
-            let status = wait_exit(&mut child);
-            assert!(status.success(), "{backend}: {status}");
-        }
-        let text = std::fs::read_to_string(&log).unwrap();
+        let text = runs_that_wait_for_a_second(backend, &url, &key, &["--permits", "2"], 3);
         let (mut running, mut most) = (0, 0);
         for line in text.lines() {
             running += if line == "start" { 1 } else { -1 };

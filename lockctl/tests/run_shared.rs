@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::process::Stdio;
-
 use common::*;
 
 /// Two `--shared` runs run together (each waits until both have started:
@@ -16,29 +14,8 @@ fn readers_run_together() {
         if !offers_read_write(&url) {
             continue;
         }
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log");
         let key = unique_key("shared");
-        let script = format!(
-            "echo start >> {log}; i=0; while [ $(grep -c start {log}) -lt 2 ] && [ $i -lt 100 ]; \
-             do sleep 0.1; i=$((i+1)); done; echo end >> {log}",
-            log = log.display()
-        );
-        let children: Vec<_> = (0..2)
-            .map(|_| {
-                lockctl()
-                    .args(["--url", &url, "run", &key, "--shared"])
-                    .args(["--ttl", "10s", "--wait", "60s", "--", "sh", "-c", &script])
-                    .stdin(Stdio::null())
-                    .spawn()
-                    .expect("lockctl starts")
-            })
-            .collect();
-        for mut child in children {
-            let status = wait_exit(&mut child);
-            assert!(status.success(), "{backend}: {status}");
-        }
-        let text = std::fs::read_to_string(&log).unwrap();
+        let text = runs_that_wait_for_a_second(backend, &url, &key, &["--shared"], 2);
         assert!(
             text.starts_with("start\nstart\n"),
             "{backend}: both readers ran together: {text}"

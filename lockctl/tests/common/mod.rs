@@ -189,3 +189,40 @@ pub fn offers(url: &str, mode: lockkit::Mode) -> bool {
     let locker = runtime.block_on(lockkit::connect(url)).expect("connects");
     locker.capabilities().offer(&mode).is_offered()
 }
+
+/// Starts `runs` lockctl runs of `run KEY <mode_args>` at once, each a
+/// command that notes its start, waits (10 s at most) until two runs have
+/// started, and notes its end; checks that each succeeded and returns the
+/// log, one `start` or `end` per line. Under an exclusive lock the first
+/// run would wait alone, so two `start`s in a row show two runs together.
+pub fn runs_that_wait_for_a_second(
+    backend: &str,
+    url: &str,
+    key: &str,
+    mode_args: &[&str],
+    runs: usize,
+) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start >> {log}; i=0; while [ $(grep -c start {log}) -lt 2 ] && [ $i -lt 100 ]; \
+         do sleep 0.1; i=$((i+1)); done; echo end >> {log}",
+        log = log.display()
+    );
+    let children: Vec<_> = (0..runs)
+        .map(|_| {
+            lockctl()
+                .args(["--url", url, "run", key])
+                .args(mode_args)
+                .args(["--ttl", "10s", "--wait", "60s", "--", "sh", "-c", &script])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("lockctl starts")
+        })
+        .collect();
+    for mut child in children {
+        let status = wait_exit(&mut child);
+        assert!(status.success(), "{backend}: {status}");
+    }
+    std::fs::read_to_string(&log).unwrap()
+}
