@@ -6,9 +6,11 @@ mod errors;
 mod feed;
 mod lease_pool;
 mod leases;
+mod modes;
 mod permit_line;
 mod permits;
 mod queue;
+mod readers;
 pub mod transactions;
 mod waiting;
 mod wake;
@@ -31,6 +33,7 @@ use errors::{Endpoint, is_lease_gone};
 use feed::Feeds;
 use lease_pool::LeasePool;
 use leases::{EtcdLease, NewLease, RevokeOnDrop};
+use permits::Sharing;
 use queue::{Ahead, Queue};
 use wake::Watched;
 
@@ -241,8 +244,10 @@ impl EtcdBackend {
             ..lock_core::Limits::default()
         };
         let capabilities = Capabilities::new("etcd", SafetyModel::Consensus)
-            .with_read_write(Offer::Refused {
-                reason: "not built yet (the etcd recipe: readers and writers ordered by create revision under the key's prefix)",
+            .with_read_write(Offer::Offered {
+                waiting_order: WaitingOrder::Fifo {
+                    stall: Stall::WaiterTtl,
+                },
             })
             .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
             .with_wake_up(WakeUp::Watch)
@@ -472,7 +477,7 @@ impl EtcdBackend {
                 };
                 self.retire_lease(idle).await;
                 let head = gets(&resp).into_iter().next().flatten();
-                if let Some(conflict) = permits::conflict(key, head.as_ref(), Mode::Exclusive) {
+                if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::Exclusive) {
                     return Err(conflict);
                 }
                 return Ok(Joined::Held { head });
@@ -487,7 +492,7 @@ impl EtcdBackend {
         // that may be renewed for ever.
         if !heads {
             let head = gets(&resp).into_iter().next().flatten();
-            if let Some(conflict) = permits::conflict(key, head.as_ref(), Mode::Exclusive) {
+            if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::Exclusive) {
                 revoke.now().await;
                 return Err(conflict);
             }
@@ -550,7 +555,7 @@ impl EtcdBackend {
             })
             .await?;
         let kv = resp.kvs().first().ok_or_else(not_held)?;
-        if kv.value() != permits::value(lease.owner(), lease.mode()).as_bytes() {
+        if kv.value() != modes::value(lease.owner(), lease.mode()).as_bytes() {
             return Err(not_held());
         }
         let lease_id = kv.lease();
@@ -668,8 +673,9 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    /// Permits of a semaphore (entries of the lock's queue, see the crate
-    /// docs); the exclusive lock as `try_acquire`.
+    /// Permits of a semaphore and read holds (entries of the lock's queue,
+    /// see the crate docs); the exclusive lock, which is also the writer,
+    /// as `try_acquire`.
     async fn try_acquire_in(
         &self,
         key: &LockKey,
@@ -679,13 +685,17 @@ impl LockBackend for EtcdBackend {
     ) -> Result<Grant> {
         match mode {
             Mode::Exclusive => self.try_acquire(key, owner, ttl).await,
-            Mode::Semaphore { permits } => self.try_acquire_permit(key, owner, ttl, permits).await,
+            Mode::Semaphore { permits } => {
+                self.try_share(key, owner, ttl, Sharing::Permits(permits))
+                    .await
+            }
+            Mode::Shared => self.try_share(key, owner, ttl, Sharing::Readers).await,
             other => Err(Error::unsupported_mode(self.capabilities(), &other)),
         }
     }
 
-    /// Permit waiters wait in line (see the crate docs), as the exclusive
-    /// lock's do.
+    /// Permit and read waiters wait in line (see the crate docs), as the
+    /// exclusive lock's do.
     async fn acquire_in(
         &self,
         key: &LockKey,
@@ -697,7 +707,12 @@ impl LockBackend for EtcdBackend {
         match mode {
             Mode::Exclusive => self.acquire(key, owner, ttl, wait).await,
             Mode::Semaphore { permits } => {
-                self.acquire_permit(key, owner, ttl, permits, wait).await
+                self.acquire_shared(key, owner, ttl, Sharing::Permits(permits), wait)
+                    .await
+            }
+            Mode::Shared => {
+                self.acquire_shared(key, owner, ttl, Sharing::Readers, wait)
+                    .await
             }
             other => Err(Error::unsupported_mode(self.capabilities(), &other)),
         }
@@ -780,7 +795,7 @@ impl LockBackend for EtcdBackend {
         let not_held = || Error::lost(key.as_str(), LostReason::NotHeld);
         let located = self.locate(lease).await?;
         let revision = lease.fencing_token().get() as i64;
-        let value = permits::value(lease.owner(), lease.mode());
+        let value = modes::value(lease.owner(), lease.mode());
         let secs = ttl.as_secs() as i64;
         // A keep-alive restores the lease's own TTL. For a TTL no longer than
         // that, this is enough: the server then keeps the grant at least as
@@ -878,7 +893,7 @@ impl LockBackend for EtcdBackend {
                     Queue::release(
                         &located.entry,
                         revision,
-                        &permits::value(lease.owner(), lease.mode()),
+                        &modes::value(lease.owner(), lease.mode()),
                     ),
                 )
                 .await
@@ -943,7 +958,7 @@ impl LockBackend for EtcdBackend {
                     let listed = Listed {
                         revision: kv.create_revision(),
                         lease: kv.lease(),
-                        mode: permits::mode_of(kv.value()),
+                        mode: modes::mode_of(kv.value()),
                     };
                     (kv.key().to_vec(), listed)
                 })
@@ -958,7 +973,8 @@ impl LockBackend for EtcdBackend {
             }
         }
         // Each queue's entries; its holders are the head (its lowest create
-        // revision) and, on a semaphore, every entry of the head's mode.
+        // revision) and, on a semaphore or a read-held key, entries of the
+        // head's mode after it.
         let mut queues: std::collections::BTreeMap<String, Vec<Listed>> = Default::default();
         for (entry, listed) in kvs {
             let Some(key) = queue::lock_key(&entry[namespace.len()..]) else {
@@ -973,10 +989,12 @@ impl LockBackend for EtcdBackend {
         for (key, mut entries) in queues {
             entries.sort_by_key(|e| e.revision);
             let mode = entries[0].mode;
-            // The first N entries of a semaphore hold its permits; the
-            // others wait in line.
+            // The first N entries of a semaphore hold its permits, and
+            // the readers up to the first writer hold the key; the others
+            // wait in line.
             let holders = match mode {
                 Mode::Semaphore { permits } => permits as usize,
+                Mode::Shared => entries.iter().take_while(|e| e.mode == mode).count(),
                 _ => 1,
             };
             for listed in entries.iter().take(holders).filter(|e| e.mode == mode) {
