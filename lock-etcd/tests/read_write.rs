@@ -90,9 +90,15 @@ async fn readers_and_writers_are_served_in_the_order_they_queued() {
     assert_eq!(held[0].fencing_token, Some(first.fencing_token()));
     let late = locker.acquire_in(&key, Mode::Shared, TTL, Wait::NONE).await;
     assert!(matches!(late, Err(Error::Contended { .. })), "{late:?}");
-    assert!(grants.try_recv().is_err(), "granted beside the first reader");
+    assert!(
+        grants.try_recv().is_err(),
+        "granted beside the first reader"
+    );
 
-    locker.release(first).await.expect("release the first reader");
+    locker
+        .release(first)
+        .await
+        .expect("release the first reader");
     assert_eq!(next_grant(&mut grants).await, "writer 1");
     releases.remove("writer 1").unwrap().send(()).unwrap();
     // Readers 2 and 3 hold together: each is granted before either leaves.
