@@ -3,6 +3,8 @@
 //! waiting reader follows the writers ahead of it as they leave, and a
 //! reader on a semaphore's key is refused at once, leaving no entry.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -10,13 +12,10 @@ use conformance_tests::{server_url, unique_key};
 use lock_core::{Error, Locker, Mode, Wait};
 use lock_etcd::EtcdBackend;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(30);
 const WAIT: Wait = Wait::at_most(Duration::from_secs(60));
-/// Far below a third of the TTL, when a waiter renews its lease and, had
-/// it missed its wake-up, would look again.
-const PROMPTLY: Duration = Duration::from_secs(5);
 
 async fn connect() -> Option<(EtcdBackend, Locker)> {
     let url = server_url("LOCKKIT_ETCD_URL")?;
@@ -30,17 +29,6 @@ async fn next_grant(grants: &mut mpsc::UnboundedReceiver<&'static str>) -> &'sta
         .await
         .expect("a waiter is granted")
         .expect("the waiters report")
-}
-
-async fn wait_for_queue_len(backend: &EtcdBackend, key: &str, len: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while backend.queue_len(key).await.expect("queue length") != len {
-        assert!(
-            Instant::now() < deadline,
-            "the queue never held {len} entries"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// A reader that comes after a waiting writer waits behind it, even while
@@ -81,7 +69,7 @@ async fn readers_and_writers_are_served_in_the_order_they_queued() {
             locker.release(lease).await.expect("release");
         }));
         // The next one arrives only once this one is in the queue.
-        wait_for_queue_len(&backend, &key, queued + 2).await;
+        common::wait_for_queue_len(&backend, &key, queued + 2).await;
     }
     // Only the first reader holds: the others wait behind writer 1.
     let held = locker.inspect(&key).await.expect("inspect");
@@ -127,45 +115,8 @@ async fn a_waiting_reader_follows_the_writers_ahead_of_it() {
         return;
     };
     let key = unique_key("etcd-rw-follow");
-    let holder = locker.try_acquire(&key, TTL).await.expect("the writer");
-    let quitter = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move {
-            locker
-                .acquire(&key, TTL, Wait::at_most(Duration::from_millis(1500)))
-                .await
-        })
-    };
-    wait_for_queue_len(&backend, &key, 2).await;
-    let reader = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move {
-            let lease = locker
-                .acquire_in(&key, Mode::Shared, TTL, WAIT)
-                .await
-                .expect("the reader");
-            (lease, Instant::now())
-        })
-    };
-    wait_for_queue_len(&backend, &key, 3).await;
-    assert!(
-        quitter.await.expect("quitter panicked").is_err(),
-        "the quitter's wait ends while the writer holds"
-    );
-    wait_for_queue_len(&backend, &key, 2).await;
-    assert!(!reader.is_finished(), "a reader got in beside the writer");
-    let released = Instant::now();
-    let written = holder.fencing_token();
-    locker.release(holder).await.expect("release the writer");
-    let (lease, granted) = timeout(Duration::from_secs(30), reader)
-        .await
-        .expect("the reader is granted")
-        .expect("reader panicked");
-    assert!(
-        granted - released < PROMPTLY,
-        "granted {:?} after the release",
-        granted - released
-    );
+    let (written, lease) =
+        common::a_waiter_follows_the_queue(&backend, &locker, &key, Mode::Shared, TTL).await;
     assert!(lease.fencing_token() > written);
     locker.release(lease).await.expect("release");
 }
