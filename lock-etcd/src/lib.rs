@@ -4,6 +4,7 @@ mod config;
 mod countdown;
 mod errors;
 mod feed;
+mod holders;
 mod lease_pool;
 mod leases;
 mod modes;
@@ -31,6 +32,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 pub use config::{DEFAULT_PORT, EtcdOptions, OPTIONS};
 use errors::{Endpoint, is_lease_gone};
 use feed::Feeds;
+use holders::Listed;
 use lease_pool::LeasePool;
 use leases::{EtcdLease, NewLease, RevokeOnDrop};
 use permits::Sharing;
@@ -119,13 +121,6 @@ struct Located<'a> {
     /// Present when the lease came from this backend (not rebuilt): only
     /// then is the etcd lease known to be the caller's own.
     held: Option<&'a Held>,
-}
-
-/// An entry as the operator's listing reads it.
-struct Listed {
-    revision: i64,
-    lease: i64,
-    mode: Mode,
 }
 
 /// What a join request asks for.
@@ -951,33 +946,20 @@ impl LockBackend for EtcdBackend {
                     }
                 })
                 .await?;
-            let page: Vec<(Vec<u8>, Listed)> = resp
-                .kvs()
-                .iter()
-                .map(|kv| {
-                    let listed = Listed {
-                        revision: kv.create_revision(),
-                        lease: kv.lease(),
-                        mode: modes::mode_of(kv.value()),
-                    };
-                    (kv.key().to_vec(), listed)
-                })
-                .collect();
-            let Some((last, _)) = page.last() else {
+            let page: Vec<Listed> = resp.kvs().iter().map(Listed::of).collect();
+            let Some(last) = page.last() else {
                 break;
             };
-            from = last.iter().copied().chain([0]).collect();
+            from = last.entry.iter().copied().chain([0]).collect();
             kvs.extend(page);
             if !resp.more() {
                 break;
             }
         }
-        // Each queue's entries; its holders are the head (its lowest create
-        // revision) and, on a semaphore or a read-held key, entries of the
-        // head's mode after it.
+        // Each queue's entries, and its holders among them.
         let mut queues: std::collections::BTreeMap<String, Vec<Listed>> = Default::default();
-        for (entry, listed) in kvs {
-            let Some(key) = queue::lock_key(&entry[namespace.len()..]) else {
+        for listed in kvs {
+            let Some(key) = queue::lock_key(&listed.entry[namespace.len()..]) else {
                 continue;
             };
             if !key.starts_with(prefix) {
@@ -988,19 +970,10 @@ impl LockBackend for EtcdBackend {
         let mut held = Vec::with_capacity(queues.len());
         for (key, mut entries) in queues {
             entries.sort_by_key(|e| e.revision);
-            let mode = entries[0].mode;
-            // The first N entries of a semaphore hold its permits, and
-            // the readers up to the first writer hold the key; the others
-            // wait in line.
-            let holders = match mode {
-                Mode::Semaphore { permits } => permits as usize,
-                Mode::Shared => entries.iter().take_while(|e| e.mode == mode).count(),
-                _ => 1,
-            };
-            for listed in entries.iter().take(holders).filter(|e| e.mode == mode) {
+            for listed in holders::holders(&entries) {
                 let lock = HeldLock::new(key.clone())
                     .with_fencing_token(FencingToken::new(listed.revision as u64))
-                    .with_mode(mode);
+                    .with_mode(listed.mode);
                 held.push(match self.remaining(listed.lease).await {
                     Some(remaining) => lock.with_remaining(remaining),
                     None => lock,
@@ -1010,21 +983,31 @@ impl LockBackend for EtcdBackend {
         Ok(held)
     }
 
-    /// Deletes the holder's entry, and only that entry (by its create
-    /// revision). Revoking its lease instead could take another lock away:
-    /// had the holder released meanwhile, its lease may already be back in
-    /// use, bound to an entry of another lock. The holder learns of the loss
-    /// from its loss signal or its next renewal.
+    /// Deletes the holders' entries (a read-held key's every reader, a
+    /// semaphore's every permit), and only those entries (each by its
+    /// create revision). Revoking their leases instead could take another
+    /// lock away: had a holder released meanwhile, its lease may already be
+    /// back in use, bound to an entry of another lock. A holder learns of
+    /// the loss from its loss signal or its next renewal.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let Some(head) = self.head_entry(key).await? else {
-            return Ok(false);
-        };
-        // The holder's own release, as if made by it: the entry goes only if
-        // it is still the one read, with the same owner.
-        let owner_hex = String::from_utf8_lossy(head.value());
-        let delete = Queue::release(head.key(), head.create_revision(), &owner_hex);
-        // Not deleted: released or expired meanwhile, nothing held any more.
-        Ok(self.txn("force release", delete).await?.succeeded())
+        let queue = self.queue(key);
+        let resp = self
+            .call("read the queue", |mut c| {
+                let queue = queue.clone();
+                async move { c.get(queue.prefix(), Some(queue.in_order())).await }
+            })
+            .await?;
+        let entries: Vec<Listed> = resp.kvs().iter().map(Listed::of).collect();
+        let mut freed = false;
+        for holder in holders::holders(&entries) {
+            // The holder's own release, as if made by it: the entry goes
+            // only if it is still the one read, with the same owner.
+            let value = String::from_utf8_lossy(&holder.value);
+            let delete = Queue::release(&holder.entry, holder.revision, &value);
+            // Not deleted: released or expired meanwhile.
+            freed |= self.txn("force release", delete).await?.succeeded();
+        }
+        Ok(freed)
     }
 
     /// Fires when the holder's entry is deleted: its lease revoked or

@@ -212,6 +212,13 @@ impl Queue {
             .with_limit(1)
     }
 
+    /// Every entry, oldest first, with its value (its mode).
+    pub(crate) fn in_order(&self) -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+    }
+
     /// Reads, in one revision, the entries ahead of the one created at
     /// `revision` (nearest first) and that entry itself.
     pub(crate) fn check(&self, entry: &[u8], revision: i64) -> Txn {

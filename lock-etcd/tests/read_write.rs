@@ -143,3 +143,32 @@ async fn a_waiting_reader_on_a_semaphore_is_refused_and_leaves_no_entry() {
     assert_eq!(backend.queue_len(&key).await.expect("queue"), 1);
     locker.release(permit).await.expect("release");
 }
+
+/// An operator's forced release of a read-held key takes every reader's
+/// hold, not only the first one's: the key is free at once.
+#[tokio::test]
+async fn a_forced_release_frees_a_key_that_readers_hold() {
+    let Some((_backend, locker)) = connect().await else {
+        return;
+    };
+    let key = unique_key("etcd-rw-force");
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let read = locker
+            .acquire_in(&key, Mode::Shared, TTL, Wait::NONE)
+            .await
+            .expect("a reader");
+        readers.push(read);
+    }
+    assert!(locker.force_release(&key).await.expect("force release"));
+    let writer = locker
+        .try_acquire(&key, TTL)
+        .await
+        .expect("the key is free");
+    for mut read in readers {
+        let extended = locker.extend(&mut read, TTL).await;
+        assert!(matches!(extended, Err(Error::Lost { .. })), "{extended:?}");
+    }
+    locker.release(writer).await.expect("release");
+    assert!(!locker.force_release(&key).await.expect("force release"));
+}
