@@ -147,6 +147,35 @@ async fn a_try_on_a_held_lock_writes_nothing() {
     locker.release(holder).await.expect("release");
 }
 
+/// Takes `key` in `mode` and releases it, `PAIRS` times, and checks that
+/// each pair costs what a free lock's does: one put and one delete, with
+/// the lease reused (a first pair grants the lease the next ones reuse).
+async fn free_pairs_cost_what_a_free_lock_does(
+    cluster: &EtcdCluster,
+    locker: &lock_core::Locker,
+    key: &str,
+    mode: Mode,
+) {
+    let first = locker
+        .acquire_in(key, mode, TTL, Wait::NONE)
+        .await
+        .expect("a grant");
+    locker.release(first).await.expect("release");
+    const PAIRS: u64 = 5;
+    let before = counts(cluster);
+    for _ in 0..PAIRS {
+        let held = locker
+            .acquire_in(key, mode, TTL, Wait::NONE)
+            .await
+            .expect("a grant");
+        locker.release(held).await.expect("release");
+    }
+    let spent = since(before, counts(cluster));
+    assert_eq!(spent.requests, 2 * PAIRS, "two requests a pair: {spent:?}");
+    assert_eq!((spent.puts, spent.deletes), (PAIRS, PAIRS), "{spent:?}");
+    assert_eq!(spent.lease_grants + spent.lease_revokes, 0, "{spent:?}");
+}
+
 /// A permit of a free semaphore costs what a free lock does: one put and
 /// one delete, with its lease reused. An attempt on a full semaphore
 /// writes nothing (its lease waits for the next acquire).
@@ -154,26 +183,7 @@ async fn a_try_on_a_held_lock_writes_nothing() {
 async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
     let (cluster, _backend, locker) = common::on_private_cluster().await;
     let one = Mode::semaphore(1);
-    // The first pair grants the lease the next ones reuse.
-    let first = locker
-        .acquire_in("permits", one, TTL, Wait::NONE)
-        .await
-        .expect("a permit");
-    locker.release(first).await.expect("release");
-
-    const PAIRS: u64 = 5;
-    let before = counts(&cluster);
-    for _ in 0..PAIRS {
-        let permit = locker
-            .acquire_in("permits", one, TTL, Wait::NONE)
-            .await
-            .expect("a permit");
-        locker.release(permit).await.expect("release");
-    }
-    let spent = since(before, counts(&cluster));
-    assert_eq!(spent.requests, 2 * PAIRS, "two requests a pair: {spent:?}");
-    assert_eq!((spent.puts, spent.deletes), (PAIRS, PAIRS), "{spent:?}");
-    assert_eq!(spent.lease_grants + spent.lease_revokes, 0, "{spent:?}");
+    free_pairs_cost_what_a_free_lock_does(&cluster, &locker, "permits", one).await;
 
     let holder = locker
         .acquire_in("permits", one, TTL, Wait::NONE)
@@ -211,4 +221,74 @@ async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
         "{spent:?}"
     );
     locker.release(holder).await.expect("release");
+}
+
+/// A read hold on a free key costs what a free lock does. A reader beside
+/// readers costs two requests: the refused put, whose reply is the look
+/// at the queue, and the put. A reader refused by a writer writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_read_hold_is_one_put_and_a_writer_refuses_readers_without_a_write() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    free_pairs_cost_what_a_free_lock_does(&cluster, &locker, "readers", Mode::Shared).await;
+
+    let first = locker
+        .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
+        .await
+        .expect("a reader");
+    let before = counts(&cluster);
+    let second = locker
+        .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
+        .await
+        .expect("a reader beside the first");
+    let spent = since(before, counts(&cluster));
+    // Besides the grant of a lease of its own (the first reader holds the
+    // one kept for reuse).
+    assert_eq!(
+        (spent.requests - spent.lease_grants, spent.puts),
+        (2, 1),
+        "{spent:?}"
+    );
+    locker.release(first).await.expect("release");
+    locker.release(second).await.expect("release");
+
+    let writer = locker
+        .try_acquire("readers", TTL)
+        .await
+        .expect("the writer");
+    // The first refusal grants the lease the next ones reuse.
+    let warm_up = locker
+        .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
+        .await;
+    assert!(
+        matches!(warm_up, Err(Error::Contended { .. })),
+        "{warm_up:?}"
+    );
+    let before = counts(&cluster);
+    for _ in 0..5 {
+        let refused = locker
+            .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Contended {
+                    remaining: Some(_),
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    let spent = since(before, counts(&cluster));
+    assert_eq!(
+        (
+            spent.puts,
+            spent.deletes,
+            spent.lease_grants,
+            spent.lease_revokes
+        ),
+        (0, 0, 0, 0),
+        "{spent:?}"
+    );
+    locker.release(writer).await.expect("release");
 }
