@@ -620,14 +620,18 @@ fn backend_error(message: &str) -> Error {
     }
 }
 
+/// The reads of a transaction's reply, in order.
+pub(crate) fn reads(resp: &TxnResponse) -> impl Iterator<Item = etcd_client::GetResponse> {
+    resp.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(read) => Some(read),
+        _ => None,
+    })
+}
+
 /// The first key of each get in a transaction's responses, in order.
 fn gets(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
-            _ => None,
-        })
+    reads(resp)
+        .map(|read| read.kvs().first().cloned())
         .collect()
 }
 

@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use etcd_client::TxnOpResponse;
 use lock_core::raw::{Grant, Waiting};
 use lock_core::{Error, LockKey, OwnerToken, Result};
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
@@ -23,7 +22,7 @@ use crate::countdown::Told;
 use crate::feed::{Counted, Subscription};
 use crate::permits::Sharing;
 use crate::queue::Ahead;
-use crate::{Entry, EtcdBackend, backend_error, modes};
+use crate::{Entry, EtcdBackend, backend_error, modes, reads};
 
 impl EtcdBackend {
     /// Waits in line for `sharing` on `key` (one of N permits, or a read
@@ -157,10 +156,7 @@ impl EtcdBackend {
             .header()
             .map(|h| h.revision())
             .ok_or_else(|| backend_error("enqueue: a reply without a revision"))?;
-        let mut reads = resp.op_responses().into_iter().filter_map(|r| match r {
-            TxnOpResponse::Get(read) => Some(read),
-            _ => None,
-        });
+        let mut reads = reads(&resp);
         let (Some(head), Some(count)) = (reads.next(), reads.next()) else {
             return Err(backend_error("enqueue: a reply without the queue's count"));
         };
@@ -231,10 +227,7 @@ impl EtcdBackend {
                 .queue(key)
                 .permits_ahead(&entry.entry, entry.revision, permits);
             let resp = self.txn("count the entries ahead", check).await?;
-            let mut reads = resp.op_responses().into_iter().filter_map(|r| match r {
-                TxnOpResponse::Get(read) => Some(read),
-                _ => None,
-            });
+            let mut reads = reads(&resp);
             let (Some(ahead), Some(own)) = (reads.next(), reads.next()) else {
                 return Err(backend_error("a reply without the entries ahead"));
             };

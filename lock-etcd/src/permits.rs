@@ -16,13 +16,13 @@
 
 use std::time::Duration;
 
-use etcd_client::{KeyValue, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{KeyValue, TxnOp, TxnResponse};
 use lock_core::raw::Grant;
 use lock_core::{Error, LockKey, Mode, OwnerToken, Result};
 
 use crate::leases::EtcdLease;
 use crate::queue::{Ahead, Queue};
-use crate::{Entry, EtcdBackend, backend_error, modes};
+use crate::{Entry, EtcdBackend, backend_error, modes, reads};
 
 /// How many times one attempt looks at the queue again after entries were
 /// put between its look and its request. Each retry means another
@@ -55,14 +55,6 @@ pub(crate) enum Room {
     Free,
     /// No room; the entry whose lease says when there may be, if known.
     Full(Option<KeyValue>),
-}
-
-/// The reads of a transaction's reply, in order.
-pub(crate) fn reads(resp: &TxnResponse) -> impl Iterator<Item = etcd_client::GetResponse> {
-    resp.op_responses().into_iter().filter_map(|r| match r {
-        TxnOpResponse::Get(read) => Some(read),
-        _ => None,
-    })
 }
 
 impl EtcdBackend {

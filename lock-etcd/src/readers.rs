@@ -18,10 +18,10 @@ use lock_core::raw::{Grant, Waiting};
 use lock_core::{LockKey, Mode, Result};
 use tokio::time::{sleep, sleep_until};
 
-use crate::permits::{Room, reads};
+use crate::permits::Room;
 use crate::queue::Queue;
 use crate::wake::{Deletion, Watched};
-use crate::{Entry, EtcdBackend, backend_error, modes};
+use crate::{Entry, EtcdBackend, backend_error, modes, reads};
 
 impl EtcdBackend {
     /// Room for a reader, from a refused attempt's read (at `revision`) of
