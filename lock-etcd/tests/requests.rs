@@ -176,6 +176,47 @@ async fn free_pairs_cost_what_a_free_lock_does(
     assert_eq!(spent.lease_grants + spent.lease_revokes, 0, "{spent:?}");
 }
 
+/// Asks for the held `key` in `mode` 5 times, and checks that each is
+/// refused (with the holder's time left) and writes nothing (after a first
+/// refusal, which grants the lease the next ones reuse).
+async fn refusals_write_nothing(
+    cluster: &EtcdCluster,
+    locker: &lock_core::Locker,
+    key: &str,
+    mode: Mode,
+) {
+    let warm_up = locker.acquire_in(key, mode, TTL, Wait::NONE).await;
+    assert!(
+        matches!(warm_up, Err(Error::Contended { .. })),
+        "{warm_up:?}"
+    );
+    let before = counts(cluster);
+    for _ in 0..5 {
+        let refused = locker.acquire_in(key, mode, TTL, Wait::NONE).await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Contended {
+                    remaining: Some(_),
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    let spent = since(before, counts(cluster));
+    assert_eq!(
+        (
+            spent.puts,
+            spent.deletes,
+            spent.lease_grants,
+            spent.lease_revokes
+        ),
+        (0, 0, 0, 0),
+        "{spent:?}"
+    );
+}
+
 /// A permit of a free semaphore costs what a free lock does: one put and
 /// one delete, with its lease reused. An attempt on a full semaphore
 /// writes nothing (its lease waits for the next acquire).
@@ -189,37 +230,7 @@ async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
         .acquire_in("permits", one, TTL, Wait::NONE)
         .await
         .expect("a permit");
-    // The first refusal grants the lease the next ones reuse.
-    let warm_up = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
-    assert!(
-        matches!(warm_up, Err(Error::Contended { .. })),
-        "{warm_up:?}"
-    );
-    let before = counts(&cluster);
-    for _ in 0..5 {
-        let refused = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
-        assert!(
-            matches!(
-                refused,
-                Err(Error::Contended {
-                    remaining: Some(_),
-                    ..
-                })
-            ),
-            "{refused:?}"
-        );
-    }
-    let spent = since(before, counts(&cluster));
-    assert_eq!(
-        (
-            spent.puts,
-            spent.deletes,
-            spent.lease_grants,
-            spent.lease_revokes
-        ),
-        (0, 0, 0, 0),
-        "{spent:?}"
-    );
+    refusals_write_nothing(&cluster, &locker, "permits", one).await;
     locker.release(holder).await.expect("release");
 }
 
@@ -255,40 +266,6 @@ async fn a_free_read_hold_is_one_put_and_a_writer_refuses_readers_without_a_writ
         .try_acquire("readers", TTL)
         .await
         .expect("the writer");
-    // The first refusal grants the lease the next ones reuse.
-    let warm_up = locker
-        .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
-        .await;
-    assert!(
-        matches!(warm_up, Err(Error::Contended { .. })),
-        "{warm_up:?}"
-    );
-    let before = counts(&cluster);
-    for _ in 0..5 {
-        let refused = locker
-            .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(Error::Contended {
-                    remaining: Some(_),
-                    ..
-                })
-            ),
-            "{refused:?}"
-        );
-    }
-    let spent = since(before, counts(&cluster));
-    assert_eq!(
-        (
-            spent.puts,
-            spent.deletes,
-            spent.lease_grants,
-            spent.lease_revokes
-        ),
-        (0, 0, 0, 0),
-        "{spent:?}"
-    );
+    refusals_write_nothing(&cluster, &locker, "readers", Mode::Shared).await;
     locker.release(writer).await.expect("release");
 }
