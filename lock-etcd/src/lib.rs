@@ -4,11 +4,14 @@ mod config;
 mod countdown;
 mod errors;
 mod feed;
+mod holders;
 mod lease_pool;
 mod leases;
+mod modes;
 mod permit_line;
 mod permits;
 mod queue;
+mod readers;
 pub mod transactions;
 mod waiting;
 mod wake;
@@ -29,8 +32,10 @@ use tokio::time::{Instant, sleep, timeout_at};
 pub use config::{DEFAULT_PORT, EtcdOptions, OPTIONS};
 use errors::{Endpoint, is_lease_gone};
 use feed::Feeds;
+use holders::Listed;
 use lease_pool::LeasePool;
 use leases::{EtcdLease, NewLease, RevokeOnDrop};
+use permits::Sharing;
 use queue::{Ahead, Queue};
 use wake::Watched;
 
@@ -116,13 +121,6 @@ struct Located<'a> {
     /// Present when the lease came from this backend (not rebuilt): only
     /// then is the etcd lease known to be the caller's own.
     held: Option<&'a Held>,
-}
-
-/// An entry as the operator's listing reads it.
-struct Listed {
-    revision: i64,
-    lease: i64,
-    mode: Mode,
 }
 
 /// What a join request asks for.
@@ -241,8 +239,10 @@ impl EtcdBackend {
             ..lock_core::Limits::default()
         };
         let capabilities = Capabilities::new("etcd", SafetyModel::Consensus)
-            .with_read_write(Offer::Refused {
-                reason: "not built yet (the etcd recipe: readers and writers ordered by create revision under the key's prefix)",
+            .with_read_write(Offer::Offered {
+                waiting_order: WaitingOrder::Fifo {
+                    stall: Stall::WaiterTtl,
+                },
             })
             .with_fencing(FencingGuarantee::Strict, [Assumption::ConsensusMajority])
             .with_wake_up(WakeUp::Watch)
@@ -472,7 +472,7 @@ impl EtcdBackend {
                 };
                 self.retire_lease(idle).await;
                 let head = gets(&resp).into_iter().next().flatten();
-                if let Some(conflict) = permits::conflict(key, head.as_ref(), Mode::Exclusive) {
+                if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::Exclusive) {
                     return Err(conflict);
                 }
                 return Ok(Joined::Held { head });
@@ -487,7 +487,7 @@ impl EtcdBackend {
         // that may be renewed for ever.
         if !heads {
             let head = gets(&resp).into_iter().next().flatten();
-            if let Some(conflict) = permits::conflict(key, head.as_ref(), Mode::Exclusive) {
+            if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::Exclusive) {
                 revoke.now().await;
                 return Err(conflict);
             }
@@ -550,7 +550,7 @@ impl EtcdBackend {
             })
             .await?;
         let kv = resp.kvs().first().ok_or_else(not_held)?;
-        if kv.value() != permits::value(lease.owner(), lease.mode()).as_bytes() {
+        if kv.value() != modes::value(lease.owner(), lease.mode()).as_bytes() {
             return Err(not_held());
         }
         let lease_id = kv.lease();
@@ -620,14 +620,18 @@ fn backend_error(message: &str) -> Error {
     }
 }
 
+/// The reads of a transaction's reply, in order.
+pub(crate) fn reads(resp: &TxnResponse) -> impl Iterator<Item = etcd_client::GetResponse> {
+    resp.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(read) => Some(read),
+        _ => None,
+    })
+}
+
 /// The first key of each get in a transaction's responses, in order.
 fn gets(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
-            _ => None,
-        })
+    reads(resp)
+        .map(|read| read.kvs().first().cloned())
         .collect()
 }
 
@@ -668,8 +672,9 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    /// Permits of a semaphore (entries of the lock's queue, see the crate
-    /// docs); the exclusive lock as `try_acquire`.
+    /// Permits of a semaphore and read holds (entries of the lock's queue,
+    /// see the crate docs); the exclusive lock, which is also the writer,
+    /// as `try_acquire`.
     async fn try_acquire_in(
         &self,
         key: &LockKey,
@@ -679,13 +684,17 @@ impl LockBackend for EtcdBackend {
     ) -> Result<Grant> {
         match mode {
             Mode::Exclusive => self.try_acquire(key, owner, ttl).await,
-            Mode::Semaphore { permits } => self.try_acquire_permit(key, owner, ttl, permits).await,
+            Mode::Semaphore { permits } => {
+                self.try_share(key, owner, ttl, Sharing::Permits(permits))
+                    .await
+            }
+            Mode::Shared => self.try_share(key, owner, ttl, Sharing::Readers).await,
             other => Err(Error::unsupported_mode(self.capabilities(), &other)),
         }
     }
 
-    /// Permit waiters wait in line (see the crate docs), as the exclusive
-    /// lock's do.
+    /// Permit and read waiters wait in line (see the crate docs), as the
+    /// exclusive lock's do.
     async fn acquire_in(
         &self,
         key: &LockKey,
@@ -697,7 +706,12 @@ impl LockBackend for EtcdBackend {
         match mode {
             Mode::Exclusive => self.acquire(key, owner, ttl, wait).await,
             Mode::Semaphore { permits } => {
-                self.acquire_permit(key, owner, ttl, permits, wait).await
+                self.acquire_shared(key, owner, ttl, Sharing::Permits(permits), wait)
+                    .await
+            }
+            Mode::Shared => {
+                self.acquire_shared(key, owner, ttl, Sharing::Readers, wait)
+                    .await
             }
             other => Err(Error::unsupported_mode(self.capabilities(), &other)),
         }
@@ -780,7 +794,7 @@ impl LockBackend for EtcdBackend {
         let not_held = || Error::lost(key.as_str(), LostReason::NotHeld);
         let located = self.locate(lease).await?;
         let revision = lease.fencing_token().get() as i64;
-        let value = permits::value(lease.owner(), lease.mode());
+        let value = modes::value(lease.owner(), lease.mode());
         let secs = ttl.as_secs() as i64;
         // A keep-alive restores the lease's own TTL. For a TTL no longer than
         // that, this is enough: the server then keeps the grant at least as
@@ -878,7 +892,7 @@ impl LockBackend for EtcdBackend {
                     Queue::release(
                         &located.entry,
                         revision,
-                        &permits::value(lease.owner(), lease.mode()),
+                        &modes::value(lease.owner(), lease.mode()),
                     ),
                 )
                 .await
@@ -936,32 +950,20 @@ impl LockBackend for EtcdBackend {
                     }
                 })
                 .await?;
-            let page: Vec<(Vec<u8>, Listed)> = resp
-                .kvs()
-                .iter()
-                .map(|kv| {
-                    let listed = Listed {
-                        revision: kv.create_revision(),
-                        lease: kv.lease(),
-                        mode: permits::mode_of(kv.value()),
-                    };
-                    (kv.key().to_vec(), listed)
-                })
-                .collect();
-            let Some((last, _)) = page.last() else {
+            let page: Vec<Listed> = resp.kvs().iter().map(Listed::of).collect();
+            let Some(last) = page.last() else {
                 break;
             };
-            from = last.iter().copied().chain([0]).collect();
+            from = last.entry.iter().copied().chain([0]).collect();
             kvs.extend(page);
             if !resp.more() {
                 break;
             }
         }
-        // Each queue's entries; its holders are the head (its lowest create
-        // revision) and, on a semaphore, every entry of the head's mode.
+        // Each queue's entries, and its holders among them.
         let mut queues: std::collections::BTreeMap<String, Vec<Listed>> = Default::default();
-        for (entry, listed) in kvs {
-            let Some(key) = queue::lock_key(&entry[namespace.len()..]) else {
+        for listed in kvs {
+            let Some(key) = queue::lock_key(&listed.entry[namespace.len()..]) else {
                 continue;
             };
             if !key.starts_with(prefix) {
@@ -972,17 +974,10 @@ impl LockBackend for EtcdBackend {
         let mut held = Vec::with_capacity(queues.len());
         for (key, mut entries) in queues {
             entries.sort_by_key(|e| e.revision);
-            let mode = entries[0].mode;
-            // The first N entries of a semaphore hold its permits; the
-            // others wait in line.
-            let holders = match mode {
-                Mode::Semaphore { permits } => permits as usize,
-                _ => 1,
-            };
-            for listed in entries.iter().take(holders).filter(|e| e.mode == mode) {
+            for listed in holders::holders(&entries) {
                 let lock = HeldLock::new(key.clone())
                     .with_fencing_token(FencingToken::new(listed.revision as u64))
-                    .with_mode(mode);
+                    .with_mode(listed.mode);
                 held.push(match self.remaining(listed.lease).await {
                     Some(remaining) => lock.with_remaining(remaining),
                     None => lock,
@@ -992,21 +987,31 @@ impl LockBackend for EtcdBackend {
         Ok(held)
     }
 
-    /// Deletes the holder's entry, and only that entry (by its create
-    /// revision). Revoking its lease instead could take another lock away:
-    /// had the holder released meanwhile, its lease may already be back in
-    /// use, bound to an entry of another lock. The holder learns of the loss
-    /// from its loss signal or its next renewal.
+    /// Deletes the holders' entries (a read-held key's every reader, a
+    /// semaphore's every permit), and only those entries (each by its
+    /// create revision). Revoking their leases instead could take another
+    /// lock away: had a holder released meanwhile, its lease may already be
+    /// back in use, bound to an entry of another lock. A holder learns of
+    /// the loss from its loss signal or its next renewal.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        let Some(head) = self.head_entry(key).await? else {
-            return Ok(false);
-        };
-        // The holder's own release, as if made by it: the entry goes only if
-        // it is still the one read, with the same owner.
-        let owner_hex = String::from_utf8_lossy(head.value());
-        let delete = Queue::release(head.key(), head.create_revision(), &owner_hex);
-        // Not deleted: released or expired meanwhile, nothing held any more.
-        Ok(self.txn("force release", delete).await?.succeeded())
+        let queue = self.queue(key);
+        let resp = self
+            .call("read the queue", |mut c| {
+                let queue = queue.clone();
+                async move { c.get(queue.prefix(), Some(queue.in_order())).await }
+            })
+            .await?;
+        let entries: Vec<Listed> = resp.kvs().iter().map(Listed::of).collect();
+        let mut freed = false;
+        for holder in holders::holders(&entries) {
+            // The holder's own release, as if made by it: the entry goes
+            // only if it is still the one read, with the same owner.
+            let value = String::from_utf8_lossy(&holder.value);
+            let delete = Queue::release(&holder.entry, holder.revision, &value);
+            // Not deleted: released or expired meanwhile.
+            freed |= self.txn("force release", delete).await?.succeeded();
+        }
+        Ok(freed)
     }
 
     /// Fires when the holder's entry is deleted: its lease revoked or

@@ -1,4 +1,6 @@
-//! Waiting for a permit in line: first come, first served, herd-free.
+//! Waiting for a permit or a read hold in line: first come, first served,
+//! herd-free. (How a reader waits for the writers ahead of it is in
+//! [`crate::readers`].)
 //!
 //! A waiter puts its entry in the key's queue, as a permit does (see
 //! [`crate::permits`]); it holds a permit once fewer than N entries are
@@ -12,29 +14,29 @@
 
 use std::time::Duration;
 
-use etcd_client::TxnOpResponse;
 use lock_core::raw::{Grant, Waiting};
-use lock_core::{Error, LockKey, Mode, OwnerToken, Result};
+use lock_core::{Error, LockKey, OwnerToken, Result};
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 use crate::countdown::Told;
 use crate::feed::{Counted, Subscription};
+use crate::permits::Sharing;
 use crate::queue::Ahead;
-use crate::{Entry, EtcdBackend, backend_error, permits};
+use crate::{Entry, EtcdBackend, backend_error, modes, reads};
 
 impl EtcdBackend {
-    /// Waits in line for one of `permits` permits of `key` until
-    /// `wait.until`.
-    pub(crate) async fn acquire_permit(
+    /// Waits in line for `sharing` on `key` (one of N permits, or a read
+    /// hold) until `wait.until`.
+    pub(crate) async fn acquire_shared(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         ttl: Duration,
-        permits: u32,
+        sharing: Sharing,
         wait: &Waiting,
     ) -> Result<Grant> {
-        let asked = Mode::semaphore(permits);
-        let value = permits::value(owner, asked);
+        let asked = sharing.mode();
+        let value = modes::value(owner, asked);
         let queue = self.queue(key);
         let mut tries = 0u32;
         loop {
@@ -50,19 +52,36 @@ impl EtcdBackend {
                 }
                 Err(e) => return Err(e),
             };
-            if let Some(conflict) = permits::conflict(key, head.as_ref(), asked) {
+            if let Some(conflict) = modes::conflict(key, head.as_ref(), asked) {
                 entry.revoke.now().await;
                 return Err(conflict);
             }
-            if ahead < permits as usize {
+            // Nothing ahead: nothing to wait for, in either mode.
+            let admitted = match sharing {
+                Sharing::Permits(permits) => ahead < permits as usize,
+                Sharing::Readers => ahead == 0,
+            };
+            if admitted {
                 let sent = entry.sent;
                 return Ok(entry.into_grant(sent));
             }
             let lease_id = entry.lease_id;
             // Queued: a release from here on lets the waiters in, in order.
             tracing::debug!(target: lock_core::WAITING_EVENT_TARGET, key = %key, "waiting");
-            let left = ahead + 1 - permits as usize;
-            let waited = self.wait_in_line(key, entry, joined, left, permits, ttl, wait);
+            let waited = async {
+                match sharing {
+                    Sharing::Permits(permits) => {
+                        let left = ahead + 1 - permits as usize;
+                        self.wait_in_line(key, entry, joined, left, permits, ttl, wait)
+                            .await
+                    }
+                    // Readers wait on a watch of their own.
+                    Sharing::Readers => {
+                        drop(joined);
+                        self.wait_behind_writers(key, entry, ttl, wait).await
+                    }
+                }
+            };
             match timeout_at(wait.until, waited).await {
                 Ok(Ok(Some(grant))) => return Ok(grant),
                 // The entry is gone (its lease ended): in line again.
@@ -93,6 +112,26 @@ impl EtcdBackend {
         Ok(())
     }
 
+    /// Renews a waiting entry's lease, so that a wait longer than the TTL
+    /// keeps its place; `refreshed` becomes when the renewal was sent.
+    /// False when the lease is gone, and the entry with it.
+    pub(crate) async fn renew_waiter(
+        &self,
+        key: &LockKey,
+        lease_id: i64,
+        refreshed: &mut Instant,
+    ) -> Result<bool> {
+        let sent = Instant::now();
+        match self.keep_alive(key, lease_id).await {
+            Ok(()) => {
+                *refreshed = sent;
+                Ok(true)
+            }
+            Err(Error::Lost { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Puts a waiter's entry; returns it, the queue's head, and how many
     /// entries are ahead of it.
     async fn enqueue_permit(
@@ -117,10 +156,7 @@ impl EtcdBackend {
             .header()
             .map(|h| h.revision())
             .ok_or_else(|| backend_error("enqueue: a reply without a revision"))?;
-        let mut reads = resp.op_responses().into_iter().filter_map(|r| match r {
-            TxnOpResponse::Get(read) => Some(read),
-            _ => None,
-        });
+        let mut reads = reads(&resp);
         let (Some(head), Some(count)) = (reads.next(), reads.next()) else {
             return Err(backend_error("enqueue: a reply without the queue's count"));
         };
@@ -170,11 +206,8 @@ impl EtcdBackend {
                         None => counted = None,
                     },
                     _ = sleep_until(refreshed + every) => {
-                        let sent = Instant::now();
-                        match self.keep_alive(key, entry.lease_id).await {
-                            Ok(()) => refreshed = sent,
-                            Err(Error::Lost { .. }) => return Ok(None),
-                            Err(e) => return Err(e),
+                        if !self.renew_waiter(key, entry.lease_id, &mut refreshed).await? {
+                            return Ok(None);
                         }
                     }
                 }
@@ -194,10 +227,7 @@ impl EtcdBackend {
                 .queue(key)
                 .permits_ahead(&entry.entry, entry.revision, permits);
             let resp = self.txn("count the entries ahead", check).await?;
-            let mut reads = resp.op_responses().into_iter().filter_map(|r| match r {
-                TxnOpResponse::Get(read) => Some(read),
-                _ => None,
-            });
+            let mut reads = reads(&resp);
             let (Some(ahead), Some(own)) = (reads.next(), reads.next()) else {
                 return Err(backend_error("a reply without the entries ahead"));
             };
@@ -223,11 +253,8 @@ impl EtcdBackend {
                 _ = woken => {}
                 _ = sleep(delay) => {}
                 _ = sleep_until(refreshed + every) => {
-                    let sent = Instant::now();
-                    match self.keep_alive(key, entry.lease_id).await {
-                        Ok(()) => refreshed = sent,
-                        Err(Error::Lost { .. }) => return Ok(None),
-                        Err(e) => return Err(e),
+                    if !self.renew_waiter(key, entry.lease_id, &mut refreshed).await? {
+                        return Ok(None);
                     }
                 }
             }

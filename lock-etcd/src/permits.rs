@@ -1,94 +1,89 @@
-//! Semaphores: the permits of a key are entries of its queue (see
-//! [`crate::queue`]), as the exclusive lock's holder and waiters are.
+//! Semaphores and read holds: their holders share a key, each with an
+//! entry of its own in the key's queue (see [`crate::queue`]), as the
+//! exclusive lock's holder and waiters are.
 //!
-//! A permit's entry carries the number of permits beside its owner token
-//! (`{permits}:{owner token in hex}`), so that every holder says in which
-//! mode the key is held, and a caller asking for another mode or number is
-//! refused naming both. Every entry of a key held as a semaphore is a
-//! holder: permit waiters put nothing in the queue, they ask again when an
-//! entry is deleted. So a permit is granted when the queue holds fewer
-//! entries than permits, all of that semaphore, in a transaction that fails
-//! if any entry was put since they were counted
-//! ([`Queue::take_permit`](crate::queue::Queue::take_permit)). Sharing the
-//! queue is what makes the modes exclude each other: the exclusive lock's
-//! requests see the permits as a held queue. A permit's fencing token is
-//! its entry's create revision, as an exclusive grant's is.
+//! Every entry says the mode its key is held in ([`crate::modes`]). An
+//! attempt that does not wait puts its entry only while there is room: for
+//! a semaphore of N, fewer than N entries, all of it; for a reader, no
+//! writer's entry (held or waiting) anywhere in the queue. Room is judged
+//! from a read, and the put is made in a transaction that fails if any
+//! entry was put since that read
+//! ([`Queue::take_unless_changed`](crate::queue::Queue::take_unless_changed)).
+//! Sharing the queue is what makes the modes exclude each other: the
+//! exclusive lock's requests see the permits and readers as a held queue.
+//! A permit's or a read hold's fencing token is its entry's create
+//! revision, as an exclusive grant's is.
 
 use std::time::Duration;
 
-use etcd_client::{KeyValue, TxnOpResponse};
+use etcd_client::{KeyValue, TxnOp, TxnResponse};
 use lock_core::raw::Grant;
 use lock_core::{Error, LockKey, Mode, OwnerToken, Result};
 
 use crate::leases::EtcdLease;
-use crate::queue::Ahead;
-use crate::{Entry, EtcdBackend, backend_error};
+use crate::queue::{Ahead, Queue};
+use crate::{Entry, EtcdBackend, backend_error, modes, reads};
 
-/// How many times one attempt counts the holders again after entries were
-/// put between its count and its request. Each retry means another
+/// How many times one attempt looks at the queue again after entries were
+/// put between its look and its request. Each retry means another
 /// contender's request went through, so the queue moved on; past this,
-/// the semaphore is busy enough to answer `Contended`.
+/// the key is busy enough to answer `Contended`.
 const RECOUNTS: u32 = 16;
 
-/// The value of an entry granted to `owner` in `mode`.
-pub(crate) fn value(owner: &OwnerToken, mode: Mode) -> String {
-    match mode {
-        Mode::Semaphore { permits } => format!("{permits}:{}", owner.to_hex()),
-        _ => owner.to_hex(),
+/// A mode whose holders share a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// One of this many permits of a semaphore.
+    Permits(u32),
+    /// A reader of a read-write lock.
+    Readers,
+}
+
+impl Sharing {
+    pub(crate) fn mode(self) -> Mode {
+        match self {
+            Sharing::Permits(permits) => Mode::semaphore(permits),
+            Sharing::Readers => Mode::Shared,
+        }
     }
 }
 
-/// The mode an entry's value says its key is held in. An owner token in hex
-/// has no `:`, so a value without one is an exclusive grant's.
-pub(crate) fn mode_of(value: &[u8]) -> Mode {
-    let permits = value
-        .iter()
-        .position(|&b| b == b':')
-        .and_then(|colon| std::str::from_utf8(&value[..colon]).ok()?.parse().ok());
-    match permits {
-        Some(permits) => Mode::semaphore(permits),
-        None => Mode::Exclusive,
-    }
-}
-
-/// The refusal of a caller asking for `asked` on a queue headed by `head`,
-/// when `head` holds the key in another mode.
-pub(crate) fn conflict(key: &LockKey, head: Option<&KeyValue>, asked: Mode) -> Option<Error> {
-    let held = mode_of(head?.value());
-    (held != asked).then(|| Error::ModeConflict {
-        key: key.to_string(),
-        held: Some(held),
-        asked,
-    })
+/// What a refused attempt's look at the queue found.
+pub(crate) enum Room {
+    /// Room at the revision of the look: ask again, on the condition that
+    /// nothing was put since.
+    Free,
+    /// No room; the entry whose lease says when there may be, if known.
+    Full(Option<KeyValue>),
 }
 
 impl EtcdBackend {
-    /// One attempt at one of `permits` permits of `key`.
-    pub(crate) async fn try_acquire_permit(
+    /// One attempt at `sharing` on `key`: granted while there is room,
+    /// and otherwise writes nothing.
+    pub(crate) async fn try_share(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         ttl: Duration,
-        permits: u32,
+        sharing: Sharing,
     ) -> Result<Grant> {
-        let asked = Mode::semaphore(permits);
-        let value = value(owner, asked);
+        let value = modes::value(owner, sharing.mode());
         let queue = self.queue(key);
         let mut lease = self.lease_for(key, ttl).await?;
         let ttl_secs = ttl.as_secs() as i64;
-        // 0 at first: a free key is taken in one request, with no count.
+        // 0 at first: a free key is taken in one request, with no look.
         let mut seen = 0;
         let mut recounts = 0;
         let refused = loop {
             let (resp, entry, mut revoke) = self
                 .put_entry(key, ttl, &mut lease, |entry, lease_id| {
-                    queue.take_permit(entry, lease_id, &value, seen)
+                    queue.take_unless_changed(entry, lease_id, &value, seen, look(&queue, sharing))
                 })
                 .await?;
             let revision = resp
                 .header()
                 .map(|h| h.revision())
-                .ok_or_else(|| backend_error("permit: a reply without a revision"))?;
+                .ok_or_else(|| backend_error("take: a reply without a revision"))?;
             if resp.succeeded() {
                 let sent = lease.renewed;
                 let entry = Entry {
@@ -104,20 +99,21 @@ impl EtcdBackend {
             }
             // Nothing was put: the lease is bound to no entry.
             revoke.disarm();
-            let Some(TxnOpResponse::Get(read)) = resp.op_responses().into_iter().next() else {
-                break Err(backend_error("permit: a refusal without the queue's head"));
+            let room = match sharing {
+                Sharing::Permits(permits) => room_for_permit(key, &resp, permits),
+                Sharing::Readers => self.room_for_reader(key, &resp, revision).await,
             };
-            let head = read.kvs().first().cloned();
-            if let Some(conflict) = conflict(key, head.as_ref(), asked) {
-                break Err(conflict);
+            match room {
+                Ok(Room::Free) if recounts < RECOUNTS => {
+                    // Room at `revision`: ask again, on the condition that
+                    // nothing was put since.
+                    seen = revision;
+                    recounts += 1;
+                }
+                Ok(Room::Free) => break Ok(None),
+                Ok(Room::Full(blocking)) => break Ok(blocking),
+                Err(e) => break Err(e),
             }
-            if read.count() >= i64::from(permits) || recounts == RECOUNTS {
-                break Ok(head);
-            }
-            // Fewer holders than permits at `revision`: ask again, on the
-            // condition that nothing was put since.
-            seen = revision;
-            recounts += 1;
         };
         let idle = EtcdLease {
             id: lease.id,
@@ -125,11 +121,8 @@ impl EtcdBackend {
             renewed: lease.renewed,
         };
         self.retire_lease(idle).await;
-        let head = refused?;
-        // The first permit by create revision: the first to expire when
-        // the holders asked for the same TTL.
-        let remaining = match head {
-            Some(head) => self.remaining(head.lease()).await,
+        let remaining = match refused? {
+            Some(blocking) => self.remaining(blocking.lease()).await,
             None => None,
         };
         Err(Error::Contended {
@@ -139,19 +132,30 @@ impl EtcdBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_entry_says_its_mode() {
-        let owner = OwnerToken::random();
-        assert_eq!(
-            mode_of(value(&owner, Mode::Exclusive).as_bytes()),
-            Mode::Exclusive
-        );
-        let three = Mode::semaphore(3);
-        assert_eq!(mode_of(value(&owner, three).as_bytes()), three);
-        assert!(!value(&owner, three).starts_with(&owner.to_hex()));
+/// What a refused attempt reads, in the same revision: the queue's head
+/// (its mode) and, for a reader, the newest entries (a writer among them).
+fn look(queue: &Queue, sharing: Sharing) -> Vec<TxnOp> {
+    match sharing {
+        Sharing::Permits(_) => vec![queue.head_read()],
+        Sharing::Readers => vec![queue.head_read(), queue.newest_read(None)],
     }
+}
+
+/// Room for one of `permits` permits, from a refused attempt's read of the
+/// head (which counts the whole queue).
+fn room_for_permit(key: &LockKey, resp: &TxnResponse, permits: u32) -> Result<Room> {
+    let Some(read) = reads(resp).next() else {
+        return Err(backend_error("permit: a refusal without the queue's head"));
+    };
+    let head = read.kvs().first().cloned();
+    if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::semaphore(permits)) {
+        return Err(conflict);
+    }
+    // The first permit by create revision: the first to expire when the
+    // holders asked for the same TTL.
+    Ok(if read.count() >= i64::from(permits) {
+        Room::Full(head)
+    } else {
+        Room::Free
+    })
 }

@@ -21,6 +21,10 @@ use lock_core::LockKey;
 /// feed when it does not know how many are ahead in all.
 const KNOWN_AHEAD: i64 = 16;
 
+/// How many entries, with their values, one read of a reader's look for
+/// a writer takes; more are read page by page in the same revision.
+const PAGE: i64 = 64;
+
 /// Entries ahead of a waiter's own, nearest first, as read in one revision.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ahead {
@@ -208,6 +212,13 @@ impl Queue {
             .with_limit(1)
     }
 
+    /// Every entry, oldest first, with its value (its mode).
+    pub(crate) fn in_order(&self) -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+    }
+
     /// Reads, in one revision, the entries ahead of the one created at
     /// `revision` (nearest first) and that entry itself.
     pub(crate) fn check(&self, entry: &[u8], revision: i64) -> Txn {
@@ -281,25 +292,61 @@ impl Queue {
         ]
     }
 
-    /// One attempt at a permit: puts `entry` bound to `lease` with `value`
-    /// only if no entry of the queue was put after revision `seen` (the
-    /// revision at which the caller counted fewer holders than permits;
-    /// 0 when it has not looked, which only an empty queue passes).
-    /// Otherwise writes nothing and reads the head and, in the same
-    /// revision, the number of entries, for the next attempt.
+    /// One attempt that never queues: puts `entry` bound to `lease` with
+    /// `value` only if no entry of the queue was put after revision `seen`
+    /// (the revision at which the caller found room; 0 when it has not
+    /// looked, which only an empty queue passes). Otherwise writes nothing
+    /// and sends `look`, for the next attempt.
     ///
-    /// Comparing every entry's last write, not the count, is what keeps
-    /// two contenders that both counted N - 1 holders from both taking the
-    /// Nth permit: the first put fails the second's compare. Deletions
-    /// only free permits, so they pass.
-    pub(crate) fn take_permit(&self, entry: &[u8], lease: i64, value: &str, seen: i64) -> Txn {
+    /// Comparing every entry's last write, not what was read, is what keeps
+    /// two contenders that both found room for one more from both taking
+    /// it (the Nth permit; a reader beside a writer that just queued): the
+    /// first put fails the second's compare. Deletions only make room, so
+    /// they pass.
+    pub(crate) fn take_unless_changed(
+        &self,
+        entry: &[u8],
+        lease: i64,
+        value: &str,
+        seen: i64,
+        look: Vec<TxnOp>,
+    ) -> Txn {
         let unchanged =
             Compare::mod_revision(self.prefix.clone(), CompareOp::Less, seen + 1).with_prefix();
-        let head_and_count = self.head();
         Txn::new()
             .when([unchanged])
             .and_then([self.put(entry, lease, value)])
-            .or_else([TxnOp::get(self.prefix.clone(), Some(head_and_count))])
+            .or_else(look)
+    }
+
+    /// Reads the head, and counts the queue's entries.
+    pub(crate) fn head_read(&self) -> TxnOp {
+        TxnOp::get(self.prefix.clone(), Some(self.head()))
+    }
+
+    /// Reads the newest entries created before revision `below` (all of
+    /// them for `None`), newest first, with their values (their modes).
+    pub(crate) fn newest_read(&self, below: Option<i64>) -> TxnOp {
+        TxnOp::get(self.prefix.clone(), Some(self.newest(below)))
+    }
+
+    /// The newest entries created before `below`, a page of them.
+    pub(crate) fn newest(&self, below: Option<i64>) -> GetOptions {
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(PAGE);
+        match below {
+            Some(below) => newest.with_max_create_revision(below - 1),
+            None => newest,
+        }
+    }
+
+    /// Reads, in one revision, a reader's own entry (created at `revision`)
+    /// and the newest entries ahead of it, with their modes: the reader
+    /// holds once no writer is ahead.
+    pub(crate) fn readers_check(&self, entry: &[u8], revision: i64) -> Txn {
+        Txn::new().and_then([TxnOp::get(entry, None), self.newest_read(Some(revision))])
     }
 }
 

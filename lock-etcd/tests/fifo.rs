@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance_tests::{server_url, unique_key};
-use lock_core::Locker;
+use lock_core::{Locker, Mode};
 use lock_etcd::EtcdBackend;
 use tokio::time::Instant;
 
@@ -85,47 +85,8 @@ async fn a_waiter_follows_the_queue_when_the_entry_ahead_leaves() {
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
     let key = unique_key("follow");
-    let holder = locker.try_acquire(&key, TTL).await.expect("holder");
-    let quitter = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move {
-            locker
-                .acquire(&key, TTL, Wait::at_most(Duration::from_millis(1500)))
-                .await
-        })
-    };
-    wait_for_queue_len(&backend, &key, 2).await;
-    let waiter = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move {
-            let lease = locker
-                .acquire(&key, TTL, Wait::at_most(Duration::from_secs(60)))
-                .await
-                .expect("acquire");
-            (lease, Instant::now())
-        })
-    };
-    wait_for_queue_len(&backend, &key, 3).await;
-    assert!(
-        quitter.await.expect("quitter panicked").is_err(),
-        "the quitter's wait ends while the lock is held"
-    );
-    wait_for_queue_len(&backend, &key, 2).await;
-    let released = Instant::now();
-    locker.release(holder).await.expect("release the holder");
-    let (lease, granted) = tokio::time::timeout(Duration::from_secs(60), waiter)
-        .await
-        .expect("the waiter is granted")
-        .expect("waiter panicked");
-    assert!(
-        granted >= released,
-        "the waiter was granted before the holder released"
-    );
-    assert!(
-        granted - released < Duration::from_secs(5),
-        "granted {:?} after the release",
-        granted - released
-    );
+    let (_, lease) =
+        common::a_waiter_follows_the_queue(&backend, &locker, &key, Mode::Exclusive, TTL).await;
     locker.release(lease).await.expect("release");
 }
 
@@ -152,20 +113,9 @@ async fn a_waiters_grant_lapses_no_earlier_than_its_deadline() {
                 .expect("acquire")
         })
     };
-    wait_for_queue_len(&backend, &key, 2).await;
+    common::wait_for_queue_len(&backend, &key, 2).await;
     locker.release(holder).await.expect("release the holder");
     let lapsing = waiter.await.expect("waiter panicked");
     // The next contender gets the lock once the waiter's lease has expired.
     common::lapses_no_earlier_than_its_deadline(&locker, &key, &lapsing).await;
-}
-
-async fn wait_for_queue_len(backend: &EtcdBackend, key: &str, len: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while backend.queue_len(key).await.expect("queue length") != len {
-        assert!(
-            Instant::now() < deadline,
-            "the queue never held {len} entries"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

@@ -147,47 +147,52 @@ async fn a_try_on_a_held_lock_writes_nothing() {
     locker.release(holder).await.expect("release");
 }
 
-/// A permit of a free semaphore costs what a free lock does: one put and
-/// one delete, with its lease reused. An attempt on a full semaphore
-/// writes nothing (its lease waits for the next acquire).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
-    let (cluster, _backend, locker) = common::on_private_cluster().await;
-    let one = Mode::semaphore(1);
-    // The first pair grants the lease the next ones reuse.
+/// Takes `key` in `mode` and releases it, `PAIRS` times, and checks that
+/// each pair costs what a free lock's does: one put and one delete, with
+/// the lease reused (a first pair grants the lease the next ones reuse).
+async fn free_pairs_cost_what_a_free_lock_does(
+    cluster: &EtcdCluster,
+    locker: &lock_core::Locker,
+    key: &str,
+    mode: Mode,
+) {
     let first = locker
-        .acquire_in("permits", one, TTL, Wait::NONE)
+        .acquire_in(key, mode, TTL, Wait::NONE)
         .await
-        .expect("a permit");
+        .expect("a grant");
     locker.release(first).await.expect("release");
-
     const PAIRS: u64 = 5;
-    let before = counts(&cluster);
+    let before = counts(cluster);
     for _ in 0..PAIRS {
-        let permit = locker
-            .acquire_in("permits", one, TTL, Wait::NONE)
+        let held = locker
+            .acquire_in(key, mode, TTL, Wait::NONE)
             .await
-            .expect("a permit");
-        locker.release(permit).await.expect("release");
+            .expect("a grant");
+        locker.release(held).await.expect("release");
     }
-    let spent = since(before, counts(&cluster));
+    let spent = since(before, counts(cluster));
     assert_eq!(spent.requests, 2 * PAIRS, "two requests a pair: {spent:?}");
     assert_eq!((spent.puts, spent.deletes), (PAIRS, PAIRS), "{spent:?}");
     assert_eq!(spent.lease_grants + spent.lease_revokes, 0, "{spent:?}");
+}
 
-    let holder = locker
-        .acquire_in("permits", one, TTL, Wait::NONE)
-        .await
-        .expect("a permit");
-    // The first refusal grants the lease the next ones reuse.
-    let warm_up = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
+/// Asks for the held `key` in `mode` 5 times, and checks that each is
+/// refused (with the holder's time left) and writes nothing (after a first
+/// refusal, which grants the lease the next ones reuse).
+async fn refusals_write_nothing(
+    cluster: &EtcdCluster,
+    locker: &lock_core::Locker,
+    key: &str,
+    mode: Mode,
+) {
+    let warm_up = locker.acquire_in(key, mode, TTL, Wait::NONE).await;
     assert!(
         matches!(warm_up, Err(Error::Contended { .. })),
         "{warm_up:?}"
     );
-    let before = counts(&cluster);
+    let before = counts(cluster);
     for _ in 0..5 {
-        let refused = locker.acquire_in("permits", one, TTL, Wait::NONE).await;
+        let refused = locker.acquire_in(key, mode, TTL, Wait::NONE).await;
         assert!(
             matches!(
                 refused,
@@ -199,7 +204,7 @@ async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
             "{refused:?}"
         );
     }
-    let spent = since(before, counts(&cluster));
+    let spent = since(before, counts(cluster));
     assert_eq!(
         (
             spent.puts,
@@ -210,5 +215,57 @@ async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
         (0, 0, 0, 0),
         "{spent:?}"
     );
+}
+
+/// A permit of a free semaphore costs what a free lock does: one put and
+/// one delete, with its lease reused. An attempt on a full semaphore
+/// writes nothing (its lease waits for the next acquire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_permit_is_one_put_and_a_full_semaphore_writes_nothing() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    let one = Mode::semaphore(1);
+    free_pairs_cost_what_a_free_lock_does(&cluster, &locker, "permits", one).await;
+
+    let holder = locker
+        .acquire_in("permits", one, TTL, Wait::NONE)
+        .await
+        .expect("a permit");
+    refusals_write_nothing(&cluster, &locker, "permits", one).await;
     locker.release(holder).await.expect("release");
+}
+
+/// A read hold on a free key costs what a free lock does. A reader beside
+/// readers costs two requests: the refused put, whose reply is the look
+/// at the queue, and the put. A reader refused by a writer writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_read_hold_is_one_put_and_a_writer_refuses_readers_without_a_write() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    free_pairs_cost_what_a_free_lock_does(&cluster, &locker, "readers", Mode::Shared).await;
+
+    let first = locker
+        .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
+        .await
+        .expect("a reader");
+    let before = counts(&cluster);
+    let second = locker
+        .acquire_in("readers", Mode::Shared, TTL, Wait::NONE)
+        .await
+        .expect("a reader beside the first");
+    let spent = since(before, counts(&cluster));
+    // Besides the grant of a lease of its own (the first reader holds the
+    // one kept for reuse).
+    assert_eq!(
+        (spent.requests - spent.lease_grants, spent.puts),
+        (2, 1),
+        "{spent:?}"
+    );
+    locker.release(first).await.expect("release");
+    locker.release(second).await.expect("release");
+
+    let writer = locker
+        .try_acquire("readers", TTL)
+        .await
+        .expect("the writer");
+    refusals_write_nothing(&cluster, &locker, "readers", Mode::Shared).await;
+    locker.release(writer).await.expect("release");
 }

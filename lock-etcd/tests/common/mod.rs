@@ -6,7 +6,7 @@
 use lock_core::Wait;
 use std::time::Duration;
 
-use lock_core::{Lease, Locker};
+use lock_core::{Lease, Locker, Mode};
 use lock_etcd::EtcdBackend;
 use lock_testkit::EtcdCluster;
 use tokio::time::Instant;
@@ -78,4 +78,75 @@ pub fn endpoints(url: &str) -> Vec<String> {
         .iter()
         .map(|s| s.address(2379))
         .collect()
+}
+
+/// Waits until the queue of `key` holds `len` entries.
+pub async fn wait_for_queue_len(backend: &EtcdBackend, key: &str, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while backend.queue_len(key).await.expect("queue length") != len {
+        assert!(
+            Instant::now() < deadline,
+            "the queue never held {len} entries"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A holder (the exclusive lock), a writer queued behind it that gives up,
+/// and a waiter in `mode` queued behind that one: when the writer just
+/// ahead leaves, the waiter follows the queue to the holder, and is
+/// granted as soon as the holder releases (well before its next lease
+/// renewal, a third of `ttl` later, when it would look again had it missed
+/// the release). Returns the holder's fencing token and the waiter's lease.
+pub async fn a_waiter_follows_the_queue(
+    backend: &EtcdBackend,
+    locker: &Locker,
+    key: &str,
+    mode: Mode,
+    ttl: Duration,
+) -> (lock_core::FencingToken, Lease) {
+    let holder = locker.try_acquire(key, ttl).await.expect("holder");
+    let quitter = {
+        let (locker, key) = (locker.clone(), key.to_owned());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, ttl, Wait::at_most(Duration::from_millis(1500)))
+                .await
+        })
+    };
+    wait_for_queue_len(backend, key, 2).await;
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let lease = locker
+                .acquire_in(&key, mode, ttl, Wait::at_most(Duration::from_secs(60)))
+                .await
+                .expect("acquire");
+            (lease, Instant::now())
+        })
+    };
+    wait_for_queue_len(backend, key, 3).await;
+    assert!(
+        quitter.await.expect("quitter panicked").is_err(),
+        "the quitter's wait ends while the lock is held"
+    );
+    wait_for_queue_len(backend, key, 2).await;
+    assert!(!waiter.is_finished(), "the waiter got in beside the holder");
+    let released = Instant::now();
+    let token = holder.fencing_token();
+    locker.release(holder).await.expect("release the holder");
+    let (lease, granted) = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the waiter is granted")
+        .expect("waiter panicked");
+    assert!(
+        granted >= released,
+        "the waiter was granted before the holder released"
+    );
+    assert!(
+        granted - released < ttl / 6,
+        "granted {:?} after the release",
+        granted - released
+    );
+    (token, lease)
 }
