@@ -117,10 +117,7 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     ) -> Result<Grant> {
         match mode {
             Mode::Exclusive => self.acquire(key, owner, ttl, wait).await,
-            other => {
-                crate::wait_in_mode::poll_mode_until_granted(self, key, owner, ttl, other, wait)
-                    .await
-            }
+            other => crate::wait::poll_mode_until_granted(self, key, owner, ttl, other, wait).await,
         }
     }
 

@@ -30,7 +30,6 @@ pub mod url;
 pub mod validate;
 #[doc(hidden)]
 pub mod wait;
-mod wait_in_mode;
 
 pub use backend::{DynBackend, LockBackend};
 pub use capabilities::{
@@ -68,6 +67,6 @@ pub mod raw {
     pub use crate::lease::Grant;
     pub use crate::place::{DEFAULT_WAITER_LEASE, Place, waiter_lease};
     pub use crate::wait::Waiting;
-    pub use crate::wait_in_mode::poll_mode_until_granted;
+    pub use crate::wait::poll_mode_until_granted;
     pub use crate::{validate, wait};
 }

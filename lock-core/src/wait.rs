@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::raw::{GiveBack, Grant, Place};
-use crate::{Error, LockBackend, LockKey, OwnerToken, Result};
+use crate::{Error, LockBackend, LockKey, Mode, OwnerToken, Result};
 
 /// The target of the `DEBUG` event (message `waiting`, field `key`) an
 /// acquire emits when it starts to wait, so that a release from then on is
@@ -89,15 +89,19 @@ impl Waiting {
     }
 }
 
-/// One attempt, stamped with the instant before it was sent.
+/// One attempt in `mode`, stamped with the instant before it was sent.
 pub(crate) async fn attempt<B: LockBackend + ?Sized>(
     backend: &B,
     key: &LockKey,
     owner: &OwnerToken,
     ttl: Duration,
+    mode: Mode,
 ) -> Result<Grant> {
     let sent = Instant::now();
-    let mut grant = backend.try_acquire(key, owner, ttl).await?;
+    let mut grant = match mode {
+        Mode::Exclusive => backend.try_acquire(key, owner, ttl).await?,
+        other => backend.try_acquire_in(key, owner, ttl, other).await?,
+    };
     grant.sent_at.get_or_insert(sent);
     Ok(grant)
 }
@@ -170,12 +174,43 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
     ttl: Duration,
     wait: &Waiting,
 ) -> Result<Grant> {
+    poll_in_mode(backend, key, owner, ttl, Mode::Exclusive, wait).await
+}
+
+/// The default waiting strategy for a mode other than the exclusive one (a
+/// semaphore's permit, a read hold): [`poll_until_granted`]'s attempts,
+/// wake-ups and polling backstop, without a place in the waiting line,
+/// which is the exclusive mode's. Such waiters are granted in no particular
+/// order: whoever asks first once the key lets them in.
+pub async fn poll_mode_until_granted<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+    mode: Mode,
+    wait: &Waiting,
+) -> Result<Grant> {
+    poll_in_mode(backend, key, owner, ttl, mode, wait).await
+}
+
+/// The one waiting loop behind both; only the exclusive mode stands in line.
+async fn poll_in_mode<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+    mode: Mode,
+    wait: &Waiting,
+) -> Result<Grant> {
     let mut tries: u32 = 0;
     let mut subscribed = false;
     // The owner of a retry, fresh for each; the first attempt asks with the
     // caller's.
     let mut fresh: Option<OwnerToken> = None;
-    let waiter_lease = backend.capabilities().waiting_order.waiter_lease();
+    let waiter_lease = match mode {
+        Mode::Exclusive => backend.capabilities().waiting_order.waiter_lease(),
+        _ => None,
+    };
     let place = waiter_lease.map(|_| Place::new());
     let kept = place.is_some() && backend.keeps_places();
     // Armed once the place may be in line: the first uncontended attempt
@@ -199,7 +234,7 @@ pub async fn poll_until_granted<B: LockBackend + ?Sized>(
                 }
                 attempt_in_line(backend, key, asking, ttl, place).await
             }
-            _ => attempt(backend, key, asking, ttl).await,
+            _ => attempt(backend, key, asking, ttl, mode).await,
         };
         let (hint, last_error) = match outcome {
             Ok(grant) => {
