@@ -224,7 +224,10 @@ impl Statements {
             )
         };
         let reader_held = |name: &str| {
-            format!("EXISTS (SELECT 1 FROM pg_locks r WHERE {})", reader_lock(name))
+            format!(
+                "EXISTS (SELECT 1 FROM pg_locks r WHERE {})",
+                reader_lock(name)
+            )
         };
         // `drawn` is materialised (it calls a volatile function), so the
         // correlated read of the sequence runs after `nextval`; OFFSET 0

@@ -71,7 +71,9 @@ async fn the_mark_goes_with_the_writers_session(end: End) {
         return;
     };
     let key = key(end.name());
-    let mut admin = PgConnection::connect(&admin).await.expect("admin connection");
+    let mut admin = PgConnection::connect(&admin)
+        .await
+        .expect("admin connection");
     let reading = readers
         .acquire_in(&key, Mode::Shared, HOUR, Wait::NONE)
         .await
@@ -152,7 +154,9 @@ async fn a_writer_that_does_not_wait_leaves_no_mark() {
         return;
     };
     let key = key("no-wait");
-    let mut admin = PgConnection::connect(&admin).await.expect("admin connection");
+    let mut admin = PgConnection::connect(&admin)
+        .await
+        .expect("admin connection");
     let reading = readers
         .acquire_in(&key, Mode::Shared, HOUR, Wait::NONE)
         .await
@@ -195,11 +199,13 @@ async fn a_writer_waiting_twice_gives_up_within_its_one_wait() {
         .execute(&mut reader)
         .await
         .expect("begin");
-    sqlx::query("SELECT pg_advisory_xact_lock_shared(hashtext('\"lockkit\".\"locks\"'), hashtext($1))")
-        .bind(&key)
-        .execute(&mut reader)
-        .await
-        .expect("the gate, shared");
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock_shared(hashtext('\"lockkit\".\"locks\"'), hashtext($1))",
+    )
+    .bind(&key)
+    .execute(&mut reader)
+    .await
+    .expect("the gate, shared");
     let started = Instant::now();
     let waiting = {
         let (two, key) = (two.clone(), key.clone());
