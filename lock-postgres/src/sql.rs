@@ -510,9 +510,9 @@ pub(crate) fn sequence_problem(
 /// mode conflicts with a queued request: a waiting writer refuses new
 /// readers, which its row lock alone would not (a row's share lock is
 /// granted beside a queued `FOR UPDATE`). Two keys whose names hash alike
-/// share a gate: a writer waiting on one then refuses readers of the
-/// other too, for no longer than its wait; exclusion rests on the row
-/// locks, never on the gate.
+/// share a gate: a writer waiting on one then also waits for the other's
+/// readers and refuses its new ones, for no longer than its wait;
+/// exclusion rests on the row locks, never on the gate.
 pub(crate) fn readers_gate(table: &str) -> String {
     format!("hashtext('{table}'), hashtext($1)")
 }
