@@ -147,7 +147,8 @@ async fn a_waiting_writers_mark_vanishes_when_its_client_goes_away() {
 }
 
 /// A writer that asks once (`Wait::NONE`) is refused while a reader holds,
-/// and leaves no mark: the next reader gets in at once.
+/// or while another writer holds, and leaves no mark: the next reader gets
+/// in at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_does_not_wait_leaves_no_mark() {
     let Some((admin, readers, writers)) = lockers().await else {
@@ -180,6 +181,22 @@ async fn a_writer_that_does_not_wait_leaves_no_mark() {
         .expect("a reader beside the first, at once");
     readers.release(next).await.expect("release");
     readers.release(reading).await.expect("release");
+
+    let writing = readers.try_acquire(&key, HOUR).await.expect("a writer");
+    for _ in 0..3 {
+        let refused = writers.acquire(&key, HOUR, Wait::NONE).await;
+        assert!(
+            matches!(refused, Err(Error::Contended { .. })),
+            "{refused:?}"
+        );
+    }
+    readers.release(writing).await.expect("release");
+    assert_eq!(writer_marks(&mut admin, &key).await, Vec::<i32>::new());
+    let next = readers
+        .acquire_in(&key, Mode::Shared, HOUR, Wait::NONE)
+        .await
+        .expect("a reader once the writer left, at once");
+    readers.release(next).await.expect("release");
 }
 
 /// A writer that waits twice, for the readers' gate and then for the row
