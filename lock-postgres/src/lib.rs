@@ -247,8 +247,10 @@ impl PostgresBackend {
         Ok(LockTransaction::new(guard))
     }
 
-    /// The server process id of the session holding `key`, if any: an
-    /// operator's view of who holds what (it uses a connection of the budget).
+    /// The server process id of the session holding `key` exclusively (the
+    /// writer), if any: an operator's view of who holds what (it uses a
+    /// connection of the budget). A key held by readers or permit holders
+    /// has no single holder: `None`.
     pub async fn holder_pid(&self, key: &str) -> Result<Option<i32>> {
         self.on_pool_connection(
             "looking up the holder",
@@ -600,7 +602,9 @@ impl LockBackend for PostgresBackend {
     /// waiter to race for the row and still need polling for holders ended
     /// by the server, which send no notification. While every connection of
     /// the budget is pinned, the waiter first queues for one, first come,
-    /// first served, within the same wait.
+    /// first served, within the same wait. Before the row, it queues for the
+    /// key's readers' gate, so that new readers are refused while it waits
+    /// (see the README's section on read-write locks).
     async fn acquire(
         &self,
         key: &LockKey,
