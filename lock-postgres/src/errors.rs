@@ -16,6 +16,11 @@ pub(crate) fn is_lock_not_available(e: &sqlx::Error) -> bool {
     code(e).as_deref() == Some("55P03")
 }
 
+/// 57014 query_canceled: here, `statement_timeout` ended a grant's wait.
+pub(crate) fn is_statement_timeout(e: &sqlx::Error) -> bool {
+    code(e).as_deref() == Some("57014")
+}
+
 /// The session is gone or unusable: socket errors, class 08 (connection
 /// exception), 57P0x (terminated by an administrator, server shutdown) and
 /// 25P03 (ended by `idle_in_transaction_session_timeout`).

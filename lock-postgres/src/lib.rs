@@ -7,6 +7,7 @@ mod flush;
 mod monitor;
 mod permits;
 mod pool;
+mod readers;
 mod sql;
 mod transaction;
 
@@ -202,8 +203,9 @@ impl PostgresBackend {
         }
         conns.give_back(first);
         let capabilities = Capabilities::new(errors::BACKEND, SafetyModel::AcidTransaction)
-            .with_read_write(Offer::Refused {
-                reason: "not built yet (FOR SHARE NOWAIT for readers, FOR UPDATE NOWAIT for the writer)",
+            // Readers poll (lock-core's wait in a mode); a waiting writer queues in the server.
+            .with_read_write(Offer::Offered {
+                waiting_order: WaitingOrder::Unordered,
             })
             .with_fencing(FencingGuarantee::Strict, [Assumption::DurableDatabase])
             .with_wake_up(WakeUp::ServerBlocking)
@@ -245,8 +247,10 @@ impl PostgresBackend {
         Ok(LockTransaction::new(guard))
     }
 
-    /// The server process id of the session holding `key`, if any: an
-    /// operator's view of who holds what (it uses a connection of the budget).
+    /// The server process id of the session holding `key` exclusively (the
+    /// writer), if any: an operator's view of who holds what (it uses a
+    /// connection of the budget). A key held by readers or permit holders
+    /// has no single holder: `None`.
     pub async fn holder_pid(&self, key: &str) -> Result<Option<i32>> {
         self.on_pool_connection(
             "looking up the holder",
@@ -418,8 +422,13 @@ impl PostgresBackend {
                         source: None,
                     });
                 }
-                // Permit holders share-lock the row: then the key is a semaphore's.
-                Err(e) if errors::is_lock_not_available(&e) => {
+                // Permit holders share-lock the row: then the key is a semaphore's. A wait
+                // ends with lock_timeout, or statement_timeout when it waited twice (the
+                // readers' gate, then the row).
+                Err(e)
+                    if errors::is_lock_not_available(&e)
+                        || (wait.is_some() && errors::is_statement_timeout(&e)) =>
+                {
                     return Err(self.refusal(pinned, key, Mode::Exclusive).await);
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
@@ -567,8 +576,9 @@ impl LockBackend for PostgresBackend {
         self.grant(key, ttl, None).await
     }
 
-    /// An exclusive lock as [`try_acquire`](Self::try_acquire) takes it, or
-    /// a permit of a semaphore (see the README's section on semaphores).
+    /// An exclusive lock as [`try_acquire`](Self::try_acquire) takes it, a
+    /// permit of a semaphore, or a read hold (see the README's sections on
+    /// semaphores and read-write locks).
     async fn try_acquire_in(
         &self,
         key: &LockKey,
@@ -578,6 +588,7 @@ impl LockBackend for PostgresBackend {
     ) -> Result<Grant> {
         match mode {
             Mode::Semaphore { permits } => self.permit(key, ttl, permits).await,
+            Mode::Shared => self.read(key, ttl).await,
             _ => self.try_acquire(key, owner, ttl).await,
         }
     }
@@ -591,7 +602,9 @@ impl LockBackend for PostgresBackend {
     /// waiter to race for the row and still need polling for holders ended
     /// by the server, which send no notification. While every connection of
     /// the budget is pinned, the waiter first queues for one, first come,
-    /// first served, within the same wait.
+    /// first served, within the same wait. Before the row, it queues for the
+    /// key's readers' gate, so that new readers are refused while it waits
+    /// (see the README's section on read-write locks).
     async fn acquire(
         &self,
         key: &LockKey,
@@ -621,14 +634,20 @@ impl LockBackend for PostgresBackend {
     }
 
     /// The keys whose rows are locked by an open transaction now, and one
-    /// entry per permit holder of a semaphore. The remaining TTL is unknown
-    /// (the server does not expose its idle timer).
+    /// entry per permit holder of a semaphore and per reader. The remaining
+    /// TTL is unknown (the server does not expose its idle timer).
     async fn inspect(&self, prefix: &str) -> Result<Vec<lock_core::HeldLock>> {
         let keys: Vec<String> = self
             .all_on_pool_connection("listing held locks", &self.inner.statements.held, prefix)
             .await?;
         let permits = self.held_permits(prefix).await?;
+        let readers = self.held_readers(prefix).await?;
         let mut held: Vec<_> = keys.into_iter().map(lock_core::HeldLock::new).collect();
+        held.extend(
+            readers
+                .into_iter()
+                .map(|key| lock_core::HeldLock::new(key).with_mode(Mode::Shared)),
+        );
         held.extend(permits.into_iter().map(|(key, permits)| {
             let permits = u32::try_from(permits).unwrap_or(0);
             lock_core::HeldLock::new(key).with_mode(Mode::semaphore(permits))

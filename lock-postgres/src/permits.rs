@@ -69,33 +69,17 @@ impl PostgresBackend {
             match within(rt, endpoint, "the permits row lock", Box::pin(mode)).await? {
                 Ok(Some(Some(held))) if held == n => {}
                 Ok(Some(Some(held))) => {
-                    // Another number: taken over only if no permit holder shares the row.
-                    within(rt, endpoint, "ROLLBACK", simple(&mut *conn, "ROLLBACK"))
-                        .await?
-                        .map_err(|e| errors::connect(endpoint, e))?;
-                    let held = Mode::semaphore(u32::try_from(held).unwrap_or(0));
-                    let renumber = sqlx::query(&statements.permit_renumber)
-                        .bind(key.as_str())
-                        .bind(n)
-                        .execute(&mut *conn);
-                    match within(
-                        rt,
-                        endpoint,
-                        "the new number of permits",
-                        Box::pin(renumber),
-                    )
-                    .await?
-                    {
-                        Ok(_) if !renumbered => {
-                            renumbered = true;
-                            inner.conns.give_back(pinned);
-                            continue;
-                        }
-                        Ok(_) => {}
-                        Err(e) if errors::is_lock_not_available(&e) => {}
-                        Err(e) => return Err(errors::connect(endpoint, e)),
+                    // Another number (0: readers): taken over only if no holder shares the row.
+                    inner.conns.roll_back_and_give_back(pinned, rt).await;
+                    let held = if held == 0 {
+                        Mode::Shared
+                    } else {
+                        Mode::semaphore(u32::try_from(held).unwrap_or(0))
+                    };
+                    if !renumbered && self.renumber(key, n).await? {
+                        renumbered = true;
+                        continue;
                     }
-                    inner.conns.give_back(pinned);
                     return Err(Error::ModeConflict {
                         key: key.to_string(),
                         held: Some(held),
@@ -145,6 +129,26 @@ impl PostgresBackend {
                 Err(e) => Err(errors::connect(endpoint, e)),
             };
         }
+    }
+
+    /// Sets the number in `key`'s mode row (its permits row) to `permits`
+    /// (0: read holds), in a statement of its own: true if done, false if a
+    /// holder share-locks the row, so the key is held in its present mode.
+    pub(crate) async fn renumber(&self, key: &LockKey, permits: i32) -> Result<bool> {
+        let inner = &*self.inner;
+        let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
+        let (mut pinned, _) = inner.conns.pin(false).await?;
+        let renumber = sqlx::query(&inner.statements.permit_renumber)
+            .bind(key.as_str())
+            .bind(permits)
+            .execute(&mut pinned.conn);
+        let done = match within(rt, endpoint, "the key's new mode", Box::pin(renumber)).await? {
+            Ok(_) => true,
+            Err(e) if errors::is_lock_not_available(&e) => false,
+            Err(e) => return Err(errors::connect(endpoint, e)),
+        };
+        inner.conns.give_back(pinned);
+        Ok(done)
     }
 
     /// Why a row lock asked for in `asked` was refused in the transaction

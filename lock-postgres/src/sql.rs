@@ -145,8 +145,26 @@ pub(crate) struct Statements {
     /// Locks the row, waiting in the server's lock queue up to
     /// `lock_timeout`, after [`begin`]; returns the token, the logged bound,
     /// and NULL when sent with `$4` = 0 (after a wait, the grant ends with
-    /// [`refresh`](Self::refresh), which restarts the TTL clock).
+    /// [`refresh`](Self::refresh), which restarts the TTL clock). Before the
+    /// row, it queues for the key's readers' gate (see `readers.rs`), which
+    /// it then keeps until its transaction ends: new readers are refused
+    /// from the moment it waits.
     pub lock_wait: String,
+    /// Autocommit, before a read hold's transaction: the key's lock row and
+    /// its mode row (the permits row, slot -1, with 0 permits), each left
+    /// alone if it exists.
+    pub read_rows: String,
+    /// A read hold in one statement, after a bare `BEGIN`, as
+    /// [`lock_nowait`](Self::lock_nowait) is the exclusive grant: takes the
+    /// readers' gate shared (refused while a writer waits or holds it),
+    /// share-locks the key's lock row and mode row without waiting, and
+    /// draws the token if the mode row says 0 (read holds). Returns whether
+    /// the gate was open, the mode row's number (NULL: a row is missing),
+    /// the token, the logged bound, and whether the grant is done, as
+    /// `lock_nowait` does with the same parameters.
+    pub read_nowait: String,
+    /// The keys under a prefix with a read hold now, one row per reader.
+    pub held_readers: String,
     /// Whether the lock's transaction is still open, and the new idle
     /// timeout (`$1`).
     pub extend: String,
@@ -175,8 +193,9 @@ pub(crate) struct Statements {
     /// (none: the semaphore is full), then draws the token, as the
     /// exclusive grant does; returns the token and the logged bound.
     pub permit_slot: String,
-    /// Autocommit: sets the key's number of permits to `$2` if no permit
-    /// holder share-locks its permits row (else it fails at once).
+    /// Autocommit: sets the key's number of permits to `$2` (0: read
+    /// holds) if no permit holder or reader share-locks its permits row
+    /// (else it fails at once).
     pub permit_renumber: String,
     /// Autocommit, after a refusal: the key's number of permits (if it
     /// was ever a semaphore), and whether a permit holder holds a slot now.
@@ -193,13 +212,30 @@ pub(crate) struct Statements {
 
 impl Statements {
     pub(crate) fn new(names: &Names) -> Statements {
-        let (table, sequence) = (names.table(), names.sequence());
+        let (table, sequence, permits) = (names.table(), names.sequence(), names.permits());
+        let gate = readers_gate(&table);
+        // A reader's hold of the key `name`'s gate, in `pg_locks` (`r`).
+        let reader_lock = |name: &str| {
+            format!(
+                "r.locktype = 'advisory' \
+                 AND r.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND r.classid = hashtext('{table}')::oid AND r.objid = hashtext({name})::oid \
+                 AND r.objsubid = 2 AND r.mode = 'ShareLock' AND r.granted"
+            )
+        };
+        let reader_held = |name: &str| {
+            format!(
+                "EXISTS (SELECT 1 FROM pg_locks r WHERE {})",
+                reader_lock(name)
+            )
+        };
         // `drawn` is materialised (it calls a volatile function), so the
         // correlated read of the sequence runs after `nextval`; OFFSET 0
         // keeps `x` a subquery, so the bound is read once.
         let lock = |wait: &str| {
             format!(
-                "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE{wait}), \
+                "WITH intent AS (SELECT pg_advisory_xact_lock({gate}) AS queued), \
+                 held AS (SELECT name FROM {table} WHERE name = $1 AND (SELECT true FROM intent) FOR UPDATE{wait}), \
                  drawn AS (SELECT nextval('{sequence}') AS token FROM held) \
                  SELECT x.token, x.logged, CASE WHEN x.logged <= $4 \
                  THEN current_setting('{HELD_MARK}', true) = 'on' \
@@ -210,25 +246,56 @@ impl Statements {
                  FROM drawn d OFFSET 0) x"
             )
         };
+        // The exclusive grant's settings, after the token: the held mark, the
+        // statement timeout kept aside, lock_timeout to the response timeout,
+        // no transaction_timeout, and the idle limit by whether the token is on disk.
+        let settle = |x: &str| {
+            format!(
+                "set_config('{HELD_MARK}', 'on', true) = 'on' \
+                 AND set_config('{SAVED_STATEMENT_TIMEOUT}', current_setting('statement_timeout'), true) IS NOT NULL \
+                 AND set_config('lock_timeout', $3, true) IS NOT NULL \
+                 AND (current_setting('transaction_timeout', true) IS NULL OR set_config('transaction_timeout', '0', true) IS NOT NULL) \
+                 AND set_config('idle_in_transaction_session_timeout', CASE WHEN {x}.logged <= $4 THEN $2 ELSE $5 END, true) IS NOT NULL \
+                 AND {x}.logged <= $4"
+            )
+        };
+        // The gate is tried first, so a refused reader locks no row; `held` is
+        // read twice, so it runs once (a locking CTE is never inlined), and
+        // `nextval` only after both rows are share-locked.
+        let read_nowait = format!(
+            "WITH gate AS (SELECT pg_try_advisory_xact_lock_shared({gate}) AS open), \
+             held AS (SELECT n.permits FROM {table} k JOIN {permits} n ON n.name = k.name AND n.slot = -1 \
+             WHERE k.name = $1 AND (SELECT open FROM gate) FOR SHARE OF k, n NOWAIT), \
+             drawn AS (SELECT nextval('{sequence}') AS token FROM held WHERE permits = 0), \
+             x AS (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
+             FROM drawn d OFFSET 0) \
+             SELECT g.open, h.permits, x.token, x.logged, {} \
+             FROM gate g LEFT JOIN held h ON true LEFT JOIN x ON true",
+            settle("x")
+        );
         let lock_nowait = format!(
             "WITH held AS (SELECT name FROM {table} WHERE name = $1 FOR UPDATE NOWAIT), \
              drawn AS (SELECT nextval('{sequence}') AS token FROM held) \
-             SELECT x.token, x.logged, \
-             set_config('{HELD_MARK}', 'on', true) = 'on' \
-             AND set_config('{SAVED_STATEMENT_TIMEOUT}', current_setting('statement_timeout'), true) IS NOT NULL \
-             AND set_config('lock_timeout', $3, true) IS NOT NULL \
-             AND (current_setting('transaction_timeout', true) IS NULL OR set_config('transaction_timeout', '0', true) IS NOT NULL) \
-             AND set_config('idle_in_transaction_session_timeout', CASE WHEN x.logged <= $4 THEN $2 ELSE $5 END, true) IS NOT NULL \
-             AND x.logged <= $4 \
+             SELECT x.token, x.logged, {} \
              FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
-             FROM drawn d OFFSET 0) x"
+             FROM drawn d OFFSET 0) x",
+            settle("x")
         );
-        let permits = names.permits();
         // A slot row is only ever locked FOR UPDATE, never updated, so its
         // xmax names the transaction of its holder, as the lock row's does.
         let slot_held = "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = p.xmax \
                          AND l.mode = 'ExclusiveLock' AND l.granted";
         Statements {
+            read_rows: format!(
+                "WITH k AS (INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING) \
+                 INSERT INTO {permits} (name, slot, permits) VALUES ($1, -1, 0) ON CONFLICT (name, slot) DO NOTHING"
+            ),
+            read_nowait,
+            held_readers: format!(
+                "SELECT k.name FROM {table} k JOIN pg_locks r ON {} \
+                 WHERE left(k.name, length($1)) = $1 AND k.name <> ''",
+                reader_lock("k.name")
+            ),
             permit_rows: format!(
                 "WITH k AS (INSERT INTO {table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING), \
                  n AS (INSERT INTO {permits} (name, slot, permits) VALUES ($1, -1, $2) ON CONFLICT (name, slot) DO NOTHING) \
@@ -279,17 +346,22 @@ impl Statements {
                  INSERT INTO {table} (name) VALUES ('') ON CONFLICT (name) DO NOTHING; \
                  SELECT 1 FROM {table} WHERE name = '' FOR KEY SHARE; COMMIT;"
             ),
-            // A lock row share-locked by permit holders names one of them in its
-            // xmax too: keys whose slots are held are semaphores, not exclusive locks.
+            // A lock row share-locked by permit holders or readers names one of them
+            // in its xmax too: keys whose slots are held are semaphores, and keys
+            // whose readers' gate is held shared are read-held, not exclusive locks.
             holder_pid: format!(
                 "SELECT l.pid FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
                  AND l.mode = 'ExclusiveLock' AND l.granted WHERE k.name = $1 \
-                 AND NOT EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = k.name AND p.slot >= 0)"
+                 AND NOT EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = k.name AND p.slot >= 0) \
+                 AND NOT {}",
+                reader_held("k.name")
             ),
             held: format!(
                 "SELECT k.name FROM {table} k JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = k.xmax \
                  AND l.mode = 'ExclusiveLock' AND l.granted WHERE left(k.name, length($1)) = $1 AND k.name <> '' \
-                 AND NOT EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = k.name AND p.slot >= 0)"
+                 AND NOT EXISTS (SELECT 1 FROM {permits} p {slot_held} WHERE p.name = k.name AND p.slot >= 0) \
+                 AND NOT {}",
+                reader_held("k.name")
             ),
             exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL",
             sequence: "SELECT s.cache_size, s.cycle, s.increment_by, c.relpersistence = 'u', \
@@ -430,6 +502,21 @@ pub(crate) fn sequence_problem(
     ))
 }
 
+/// The arguments of the advisory lock that is a key's readers' gate: the
+/// lock table's name and the key, each hashed to 32 bits (the two-key form,
+/// apart from the one-number advisory locks applications take). A reader
+/// takes it shared, for as long as it holds; a writer that waits takes it
+/// exclusive. PostgreSQL queues advisory locks, and refuses a `try` whose
+/// mode conflicts with a queued request: a waiting writer refuses new
+/// readers, which its row lock alone would not (a row's share lock is
+/// granted beside a queued `FOR UPDATE`). Two keys whose names hash alike
+/// share a gate: a writer waiting on one then also waits for the other's
+/// readers and refuses its new ones, for no longer than its wait;
+/// exclusion rests on the row locks, never on the gate.
+pub(crate) fn readers_gate(table: &str) -> String {
+    format!("hashtext('{table}'), hashtext($1)")
+}
+
 /// Opens the lock's transaction in one round trip. `idle` is the idle
 /// timeout while the grant is being made (see [`grant_idle_timeout`]); the
 /// grant's last statement sets it to the TTL. `lock_timeout` bounds any wait
@@ -440,7 +527,9 @@ pub(crate) fn sequence_problem(
 /// - `statement_timeout` (a role's or the server's) would cancel a wait
 ///   for the row before the caller's wait is over. It is kept aside and
 ///   given back by the grant's last statement, for the holder's own
-///   statements; this client bounds its own statements itself.
+///   statements. Meanwhile it is `lock_timeout` too: a waiting writer
+///   waits twice (the readers' gate, then the row), each wait bounded by
+///   `lock_timeout`, so this bounds both together.
 /// - `transaction_timeout` (PostgreSQL 17 and newer) would end the lock's
 ///   transaction, and so the lock, before its deadline. It stays at 0 for
 ///   the whole transaction. Servers without it skip this (`current_setting`
@@ -449,10 +538,11 @@ pub(crate) fn begin(idle: Duration, lock_timeout: Duration, check_client: bool) 
     let mut sql = format!(
         "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL lock_timeout = {}; SET LOCAL {HELD_MARK} = 'on'; \
          SELECT set_config('{SAVED_STATEMENT_TIMEOUT}', current_setting('statement_timeout'), true), \
-         set_config('statement_timeout', '0', true), \
+         set_config('statement_timeout', '{}', true), \
          CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL \
          THEN set_config('transaction_timeout', '0', true) END;",
         millis(idle),
+        millis(lock_timeout),
         millis(lock_timeout)
     );
     if check_client {

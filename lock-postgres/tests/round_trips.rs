@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_core::Locker;
+use lock_core::{Locker, Mode, Wait};
 use lock_postgres::PostgresBackend;
 use lock_testkit::Postgres;
 
@@ -44,8 +44,8 @@ fn sent_since(server: &Postgres, from: usize, key: &str) -> (usize, usize) {
     (grants, flushes)
 }
 
-/// With its row in place, an uncontended try_acquire and release are three
-/// round trips (BEGIN, the one statement that locks the row and draws the
+/// With its row in place, an uncontended try_acquire and release (or read
+/// hold and release) are three round trips (BEGIN, the one statement that locks the row and draws the
 /// token, ROLLBACK), and the tokens' WAL flush is needed only when the
 /// sequence logs ahead again: about once in 32 grants, not once a grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,6 +62,12 @@ async fn an_uncontended_pair_is_three_round_trips_and_rarely_a_flush() {
     let key = "round-trips/one";
     // The row goes in with the first grant.
     let first = locker.try_acquire(key, TTL).await.expect("acquire");
+    locker.release(first).await.expect("release");
+    let read_key = "round-trips/read";
+    let first = locker
+        .acquire_in(read_key, Mode::Shared, TTL, Wait::NONE)
+        .await
+        .expect("read");
     locker.release(first).await.expect("release");
     server
         .psql("ALTER SYSTEM SET log_statement = 'all'")
@@ -88,5 +94,21 @@ async fn an_uncontended_pair_is_three_round_trips_and_rarely_a_flush() {
     assert!(
         flushes <= PAIRS / 16 + 1,
         "{flushes} token flushes for {PAIRS} grants"
+    );
+
+    // A read hold and its release cost what an exclusive pair does.
+    let from = std::fs::metadata(server.log_path()).expect("log").len() as usize;
+    for _ in 0..PAIRS {
+        let lease = locker
+            .acquire_in(read_key, Mode::Shared, TTL, Wait::NONE)
+            .await
+            .expect("read");
+        locker.release(lease).await.expect("release");
+    }
+    let (sent, flushes) = sent_since(&server, from, read_key);
+    assert_eq!(sent, 3 * PAIRS, "three round trips a read pair");
+    assert!(
+        flushes <= PAIRS / 16 + 1,
+        "{flushes} token flushes for {PAIRS} read holds"
     );
 }
