@@ -153,9 +153,9 @@ impl Plan {
                 crowd_handoffs: 100,
                 modes: modes::Plan {
                     rounds: 3,
-                    phase: Duration::from_millis(200),
+                    phase: Duration::from_millis(150),
                     waiters: 12,
-                    handoffs: 50,
+                    handoffs: 40,
                 },
             },
             Mode::Full => Plan {

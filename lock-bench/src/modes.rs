@@ -339,8 +339,8 @@ pub fn table(backends: &[BackendModes]) -> String {
     if backends.is_empty() {
         return String::new();
     }
-    let mut md = format!(
-        "## Modes: a semaphore's permit and a read hold against the mutex\n\n| backend | mode | pairs/s, median round (mode / mutex) | median ratio | lowest | highest | handoff waiters | handoff p50 | handoff p99 | the mutex's handoff p99 |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    let mut md = String::from(
+        "## Modes: a semaphore's permit and a read hold against the mutex\n\n| backend | mode | pairs/s, median round (mode / mutex) | median ratio | lowest | highest | handoff waiters | handoff p50 | handoff p99 | the mutex's handoff p99 |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let ms = |c: &Crowd| {
         (c.handoffs > 0).then(|| {
