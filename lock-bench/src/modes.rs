@@ -101,7 +101,9 @@ impl BackendModes {
     pub fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         let no_handoff = |c: &Option<Crowd>| c.as_ref().is_none_or(|c| c.handoffs == 0);
-        if self.runs.is_empty() && self.refused.is_empty() || no_handoff(&self.mutex_handoff) {
+        // The mutex's scene is the modes' reference: needed where one ran.
+        let reference = !self.runs.is_empty() && no_handoff(&self.mutex_handoff);
+        if self.runs.is_empty() && self.refused.is_empty() || reference {
             out.push(format!(
                 "{} modes: no figures ({})",
                 self.backend,
@@ -175,6 +177,9 @@ async fn on(
             }
         })
         .collect();
+    if offered.is_empty() {
+        return b;
+    }
     // Throughput first: the handoff scenes leave leases that lapse by
     // their TTL, a write on some servers, during whatever runs next.
     let servers = match url.split("://").next() {
@@ -485,6 +490,16 @@ mod tests {
         assert_eq!(
             b.failures(),
             ["memory read hold: no figures (subject: refused)"]
+        );
+        // A backend that offers neither mode has nothing to measure.
+        let mut none = BackendModes::new("redlock");
+        none.refused.push(("read hold".into(), "not built".into()));
+        assert!(none.failures().is_empty(), "{:?}", none.failures());
+        none.refused.clear();
+        none.errors.push("connect: refused".into());
+        assert_eq!(
+            none.failures(),
+            ["redlock modes: no figures (connect: refused)"]
         );
     }
 
