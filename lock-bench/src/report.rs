@@ -767,6 +767,10 @@ impl Report {
     /// server's bound and its peer at the highest concurrency both ran, and
     /// its goals met and missed.
     fn verdicts(&self) -> String {
+        // A run of the modes alone measures no backend's own figures.
+        if self.subjects.iter().all(|s| s.kind == "peer") {
+            return String::new();
+        }
         let mut md = String::from("## Verdict\n\n");
         for s in self.subjects.iter().filter(|s| s.kind != "peer") {
             let mut line = format!("- **{}**: ", s.name);
