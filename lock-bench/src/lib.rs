@@ -7,6 +7,8 @@ mod etcd_handoff;
 mod fan_out;
 mod instructions;
 mod metrics_overhead;
+mod mode_handoff;
+mod modes;
 mod paired;
 mod peers;
 mod plot;
@@ -27,6 +29,7 @@ pub use baseline::{Bound, BoundPoint};
 pub use counters::redis_command_calls;
 pub use crowd::Crowd;
 pub use instructions::{InstructionPoint, ServerInstructions};
+pub use modes::{BackendModes, ModeRun};
 pub use paired::{ClientRuntime, Metric, Paired};
 pub use report::{Goal, Machine, Report, Subject};
 pub use scenarios::{Contended, Loss, ManyKeys, Uncontended};
@@ -73,6 +76,10 @@ pub struct Options {
     /// Only the crowd scenario (many waiters on one key over several
     /// clients), for each backend chosen: a minute or two.
     pub crowd_only: bool,
+    /// Only the modes against the mutex (a semaphore's permit, a read
+    /// hold: paired rounds and handoffs), for each backend chosen that
+    /// offers them: a few minutes.
+    pub modes_only: bool,
 }
 
 /// Everything the lab can measure: name and the environment variable with
@@ -120,6 +127,8 @@ struct Plan {
     /// and the handoffs measured at each.
     crowd_waiters: &'static [usize],
     crowd_handoffs: u64,
+    /// The modes against the mutex.
+    modes: modes::Plan,
 }
 
 impl Plan {
@@ -142,6 +151,12 @@ impl Plan {
                 instruction_depths: &[16],
                 crowd_waiters: &[4, 100],
                 crowd_handoffs: 100,
+                modes: modes::Plan {
+                    rounds: 3,
+                    phase: Duration::from_millis(150),
+                    waiters: 12,
+                    handoffs: 40,
+                },
             },
             Mode::Full => Plan {
                 tasks: &[1, 4, 16, 64, 256],
@@ -160,6 +175,12 @@ impl Plan {
                 instruction_depths: &[1, 16, 64],
                 crowd_waiters: &[4, 1000],
                 crowd_handoffs: 1000,
+                modes: modes::Plan {
+                    rounds: 9,
+                    phase: Duration::from_secs(1),
+                    waiters: 32,
+                    handoffs: 1000,
+                },
             },
         }
     }
@@ -190,6 +211,8 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let mut plan = Plan::of(options.mode);
     plan.paired_rounds = options.rounds.unwrap_or(plan.paired_rounds).max(1);
     plan.paired_phase = options.round.unwrap_or(plan.paired_phase);
+    plan.modes.rounds = options.rounds.unwrap_or(plan.modes.rounds).max(1);
+    plan.modes.phase = options.round.unwrap_or(plan.modes.phase);
     let wanted = |name: &str| {
         options
             .only
@@ -211,7 +234,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     std::fs::create_dir_all(&options.out).map_err(|e| format!("{}: {e}", options.out.display()))?;
     let chosen: Vec<_> = SUBJECTS
         .iter()
-        .filter(|(n, _)| wanted(n) && !options.paired_only)
+        .filter(|(n, _)| wanted(n) && !options.paired_only && !options.modes_only)
         .filter(|(n, _)| !options.crowd_only || BACKENDS.contains(n))
         .collect();
     let crowds = |name: &str| plan.crowd_waiters.len() + usize::from(name == "redlock");
@@ -222,7 +245,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             plan.tasks.len() * 2 + plan.waiters.len() + 2 + crowds(name)
         }
     };
-    let others = !options.crowd_only;
+    let others = !options.crowd_only && !options.modes_only;
+    // The modes run in a full or quick run, and alone with `modes_only`.
+    let with_modes = !options.crowd_only && !options.paired_only;
+    let mode_backends: Vec<&str> = BACKENDS
+        .iter()
+        .copied()
+        .filter(|n| with_modes && wanted(n))
+        .collect();
     // Two watch rings per waiter count: plain writes, the lock's transactions.
     let floors = if wanted("etcd") && !options.paired_only && others {
         plan.waiters.len() * 2
@@ -241,12 +271,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             + paired_steps
             + overhead_steps
             + usize::from(count_instructions)
+            + modes::planned(mode_backends.len())
             + 2,
     );
     let started = Instant::now();
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let mut report = Report::new(options.mode, report::machine().await);
     report.crowd_only = options.crowd_only;
+    report.modes_only = options.modes_only;
     let ticks_before = report::cpu_ticks();
     let mut redis_bound: Option<Bound> = None;
 
@@ -517,6 +549,28 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             .await,
         );
     }
+    if !mode_backends.is_empty() {
+        let mut backends = Vec::new();
+        for name in mode_backends {
+            match url_of(name) {
+                Ok(url) => backends.push((name, url)),
+                Err(e) => {
+                    let mut failed = BackendModes::new(name);
+                    failed.errors.push(e);
+                    report.modes.push(failed);
+                }
+            }
+        }
+        report.modes.extend(
+            modes::all(
+                &backends,
+                plan.modes,
+                &progress,
+                &format!("lab-{run_id}/modes"),
+            )
+            .await,
+        );
+    }
     if count_instructions {
         let _step = progress.step("Redis server instructions per pair (callgrind)".into());
         report.server_instructions =
@@ -623,22 +677,13 @@ async fn measure_crowds(
     prefix: &str,
     s: &mut Subject,
 ) {
-    let mut clients = vec![first.clone()];
-    while clients.len() < CROWD_CLIENTS {
-        // The in-process backend is one lock table: its "clients" share it.
-        let next = match name {
-            "memory" => Ok(first.clone()),
-            _ => connect(name, url).await.map(|(l, _, _)| l),
-        };
-        match next {
-            Ok(l) => clients.push(l),
-            Err(e) => {
-                s.errors
-                    .push(format!("crowd: client {}: {e}", clients.len() + 1));
-                return;
-            }
+    let clients = match crowd_clients(name, url, first).await {
+        Ok(clients) => clients,
+        Err(e) => {
+            s.errors.push(format!("crowd: {e}"));
+            return;
         }
-    }
+    };
     let counter = match counter {
         Counter::Redis(_) => counter,
         _ => &Counter::None,
@@ -680,13 +725,54 @@ async fn measure_crowds(
     }
 }
 
+/// [`CROWD_CLIENTS`] clients of a backend, `first` among them: each
+/// another `Locker` with connections of its own, as a process of its own
+/// would have.
+pub(crate) async fn crowd_clients(
+    name: &str,
+    url: &str,
+    first: &Locker,
+) -> Result<Vec<Locker>, String> {
+    let mut clients = vec![first.clone()];
+    while clients.len() < CROWD_CLIENTS {
+        // The in-process backend is one lock table: its "clients" share it.
+        let next = match name {
+            "memory" => Ok(first.clone()),
+            _ => connect(name, url).await.map(|(l, _, _)| l),
+        };
+        match next {
+            Ok(l) => clients.push(l),
+            Err(e) => return Err(format!("client {}: {e}", clients.len() + 1)),
+        }
+    }
+    Ok(clients)
+}
+
+/// The server URL of a lab subject, from its environment variable
+/// (`memory://` for the in-process backend).
+fn url_of(name: &str) -> Result<String, String> {
+    let var = SUBJECTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or("", |(_, v)| *v);
+    if var.is_empty() {
+        return Ok("memory://".to_owned());
+    }
+    match std::env::var(var) {
+        Ok(u) if !u.is_empty() => Ok(u),
+        _ => Err(format!(
+            "{var} is not set (scripts/lab.sh sets it from target/lockkit-servers/urls.env)"
+        )),
+    }
+}
+
 /// Gives back what the client keeps idle, so that none of it expires on
 /// the server in the middle of a later measurement: etcd's idle leases
 /// (up to 256 after a sweep) would each expire a TTL after their last
 /// renewal, a write the leader commits, during whatever runs then.
 async fn close_idle(client: &Client) {
     match client {
-        Client::Lockkit(locker) => locker.close_idle().await,
+        Client::Lockkit(locker) | Client::LockkitIn(locker, _) => locker.close_idle().await,
         Client::Peer(peer) => peer.close_idle().await,
         Client::Rslock(_) => {}
     }

@@ -472,7 +472,7 @@ pub async fn run(
 }
 
 /// The median of each side of `pairs`, if there are any.
-fn medians(pairs: &[(f64, f64)]) -> Option<(f64, f64)> {
+pub(crate) fn medians(pairs: &[(f64, f64)]) -> Option<(f64, f64)> {
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]

@@ -197,6 +197,10 @@ pub struct Report {
     pub goals: Vec<Goal>,
     /// Only the crowd scenario ran (`--crowd-only`).
     pub crowd_only: bool,
+    /// The modes against the mutex, per backend.
+    pub modes: Vec<crate::BackendModes>,
+    /// Only the modes ran (`--modes-only`).
+    pub modes_only: bool,
 }
 
 fn rate(x: f64) -> String {
@@ -261,6 +265,8 @@ impl Report {
             server_instructions: None,
             goals: Vec::new(),
             crowd_only: false,
+            modes: Vec::new(),
+            modes_only: false,
         }
     }
 
@@ -294,6 +300,7 @@ impl Report {
                 out.push(format!("{}: {}", b.name, b.errors.join("; ")));
             }
         }
+        out.extend(self.modes.iter().flat_map(|m| m.failures()));
         if let Some(i) = &self.server_instructions
             && i.points.is_empty()
         {
@@ -632,6 +639,10 @@ impl Report {
             // The other goals' figures were not taken.
             goals.retain(|g| g.goal.contains("crowd"));
         }
+        if self.modes_only {
+            goals.clear();
+        }
+        goals.extend(crate::modes::goals(&self.modes));
         self.goals = goals;
     }
 
@@ -649,14 +660,18 @@ impl Report {
             m.cpu, m.cpus, m.memory_gib, m.os, m.kernel, m.servers, self.wall_s
         );
         md.push_str(&self.verdicts());
-        if !self.crowd_only {
+        let sweeps = !self.crowd_only && !self.modes_only;
+        if sweeps {
             md.push_str(&self.uncontended_table(None));
             md.push_str(&self.contended_table());
         }
         md.push_str(&crate::crowd::table(&self.subjects));
-        if !self.crowd_only {
+        if sweeps {
             md.push_str(&self.memory_table());
             md.push_str(&self.paired_table());
+        }
+        md.push_str(&crate::modes::table(&self.modes));
+        if sweeps {
             md.push_str(&self.instructions_table());
         }
         md.push_str(&self.goals_table());
@@ -680,6 +695,9 @@ impl Report {
         md.push_str("- **handoff**: W tasks on one key, each releasing at once after its grant and queueing again (`acquire` with a wait); the time from the start of a release to the next grant. Beside it, how long the release calls themselves took, from the call to its return: where a release waits for a commit (etcd, PostgreSQL), a handoff is no shorter than the server's part of it. Before the first and after the last, the backend gives back what it keeps idle (`Locker::close_idle`: etcd's idle leases, PostgreSQL's idle connections), as it does after each backend's runs, so that no idle etcd lease expires on the server during a later measurement.\n");
         if self.subjects.iter().any(|s| !s.crowds.is_empty()) {
             let _ = writeln!(md, "- {}", crate::crowd::METHOD);
+        }
+        if !self.modes.is_empty() {
+            let _ = writeln!(md, "- {}", crate::modes::METHOD);
         }
         md.push_str("- **client memory**: live heap bytes (a counting global allocator) and resident set growth (/proc/self/statm) while the keys are held, divided by the number held; the `Lease` values themselves are included.\n");
         md.push_str("- **loss detection**: a guard holds a key; a second `Locker` removes the grant (`force_release`); the time from the start of that call to the guard's `lost()`.\n");
@@ -728,6 +746,13 @@ impl Report {
                     .iter()
                     .flat_map(|b| b.errors.iter().map(move |e| format!("{}: {e}", b.name))),
             )
+            .chain(self.modes.iter().flat_map(|m| {
+                let rounds = m.runs.iter().flat_map(|r| r.pairs.errors.iter());
+                m.errors
+                    .iter()
+                    .chain(rounds)
+                    .map(move |e| format!("{} modes: {e}", m.backend))
+            }))
             .collect();
         if !failures.is_empty() {
             md.push_str("\n## Errors\n\n");
@@ -742,6 +767,10 @@ impl Report {
     /// server's bound and its peer at the highest concurrency both ran, and
     /// its goals met and missed.
     fn verdicts(&self) -> String {
+        // A run of the modes alone measures no backend's own figures.
+        if self.subjects.iter().all(|s| s.kind == "peer") {
+            return String::new();
+        }
         let mut md = String::from("## Verdict\n\n");
         for s in self.subjects.iter().filter(|s| s.kind != "peer") {
             let mut line = format!("- **{}**: ", s.name);
@@ -1015,15 +1044,17 @@ impl Report {
             1
         };
         let mut out = String::new();
-        if !self.crowd_only {
+        let sweeps = !self.crowd_only && !self.modes_only;
+        if sweeps {
             out.push_str(&self.uncontended_table(Some(t)));
             out.push_str(&self.contended_table());
         }
         out.push_str(&crate::crowd::table(&self.subjects));
-        if !self.crowd_only {
+        if sweeps {
             out.push_str(&self.memory_table());
             out.push_str(&self.paired_table());
         }
+        out.push_str(&crate::modes::table(&self.modes));
         out.push_str(&self.goals_table());
         out
     }

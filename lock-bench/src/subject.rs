@@ -3,13 +3,16 @@
 use lockkit::Wait;
 use std::time::Duration;
 
-use lockkit::{Lease, Locker};
+use lockkit::{Lease, Locker, Mode};
 
 /// A lock client under measurement.
 #[derive(Clone)]
 pub enum Client {
     /// A lockkit backend behind `Locker`.
     Lockkit(Locker),
+    /// A lockkit backend whose every hold is taken in this mode (a
+    /// semaphore's permit, a read hold), released as any lease.
+    LockkitIn(Locker, Mode),
     /// The `rslock` crate over one or more Redis servers.
     Rslock(rslock::LockManager),
     /// What etcd and PostgreSQL users pick instead (see [`crate::peers`]).
@@ -40,6 +43,11 @@ impl Client {
                 .await
                 .map(Held::Lease)
                 .map_err(|e| e.to_string()),
+            Client::LockkitIn(l, mode) => l
+                .acquire_in(key, *mode, ttl, Wait::NONE)
+                .await
+                .map(Held::Lease)
+                .map_err(|e| e.to_string()),
             Client::Rslock(m) => m
                 .lock(key, ttl)
                 .await
@@ -57,6 +65,11 @@ impl Client {
                 .await
                 .map(Held::Lease)
                 .map_err(|e| e.to_string()),
+            Client::LockkitIn(l, mode) => l
+                .acquire_in(key, *mode, ttl, Wait::at_most(wait))
+                .await
+                .map(Held::Lease)
+                .map_err(|e| e.to_string()),
             // rslock retries with random delays (up to 200 ms) until it gets the lock.
             Client::Rslock(m) => {
                 match tokio::time::timeout(wait, m.acquire_no_guard(key, ttl)).await {
@@ -71,7 +84,7 @@ impl Client {
     /// Releases a lock this client holds.
     pub async fn release(&self, held: Held) -> Result<(), String> {
         match (self, held) {
-            (Client::Lockkit(l), Held::Lease(lease)) => {
+            (Client::Lockkit(l) | Client::LockkitIn(l, _), Held::Lease(lease)) => {
                 l.release(lease).await.map_err(|e| e.to_string())
             }
             (Client::Rslock(m), Held::Rslock(lock)) => {

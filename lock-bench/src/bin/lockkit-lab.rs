@@ -39,6 +39,10 @@ struct Args {
     /// Only the crowd scenario (many waiters on one key over several clients), for each backend.
     #[arg(long, conflicts_with = "paired_only")]
     crowd_only: bool,
+    /// Only the modes against the mutex on each backend that offers them (a semaphore's
+    /// permit and a read hold: pairs/s at 64 tasks in paired rounds, handoff p99).
+    #[arg(long, conflicts_with_all = ["paired_only", "crowd_only"])]
+    modes_only: bool,
     /// Paired rounds per comparison (default: 3 quick, 9 full).
     #[arg(long, value_name = "N")]
     rounds: Option<usize>,
@@ -75,6 +79,7 @@ async fn run(args: &Args) -> ExitCode {
         only: args.backends.clone(),
         paired_only: args.paired_only,
         crowd_only: args.crowd_only,
+        modes_only: args.modes_only,
         rounds: args.rounds,
         round: args.round_ms.map(std::time::Duration::from_millis),
     };
