@@ -6,6 +6,7 @@
 mod exclusion;
 mod fencing;
 mod guard;
+mod in_mode;
 mod input;
 mod lifecycle;
 mod operator;

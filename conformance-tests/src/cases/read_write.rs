@@ -4,13 +4,12 @@
 //! and the other cases skip it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_core::{Error, GuardOptions, Mode, Offer, Wait};
-use tokio::time::Instant;
 
-use super::{LONG_TTL, SLACK, expiry_wait, short, within};
+use super::in_mode;
+use super::{LONG_TTL, SLACK, within};
 use crate::Fixture;
 
 fn offers_read_write(fx: &Fixture) -> bool {
@@ -32,20 +31,7 @@ pub async fn read_write_is_offered_or_refused_with_a_reason(fx: &Fixture) {
             read.release().await.expect("release");
         }
         Offer::Refused { reason } => {
-            assert!(!reason.is_empty(), "a refusal gives its reason");
-            match asked {
-                Err(
-                    e @ Error::Unsupported {
-                        reason: Some(_), ..
-                    },
-                ) => {
-                    assert!(
-                        e.to_string().contains(reason),
-                        "the error names the reason: {e}"
-                    );
-                }
-                other => panic!("a backend without read-write locks must refuse them: {other:?}"),
-            }
+            in_mode::refused_with_the_reason(asked, reason, "read-write locks");
             let direct = fx
                 .locker
                 .acquire_in(&key, Mode::Shared, LONG_TTL, Wait::NONE)
@@ -164,30 +150,7 @@ pub async fn an_expired_reader_frees_the_key(fx: &Fixture) {
     if !offers_read_write(fx) {
         return;
     }
-    let key = fx.key("rw-expiry");
-    let ttl = short(fx);
-    let mut lapsing = fx
-        .locker
-        .acquire_in(&key, Mode::Shared, ttl, Wait::NONE)
-        .await
-        .expect("a reader");
-    assert_eq!(lapsing.mode(), Mode::Shared);
-    let writer = within(
-        expiry_wait(ttl),
-        "the expired reader frees the key",
-        fx.other
-            .acquire(&key, LONG_TTL, Wait::at_most(expiry_wait(ttl))),
-    )
-    .await
-    .expect("the writer");
-    assert!(writer.fencing_token() > lapsing.fencing_token());
-    let extended = fx.locker.extend(&mut lapsing, LONG_TTL).await;
-    assert!(matches!(extended, Err(Error::Lost { .. })), "{extended:?}");
-    assert!(fx.locker.release(lapsing).await.is_err());
-    fx.other
-        .release(writer)
-        .await
-        .expect("the writer is untouched");
+    in_mode::an_expired_hold_frees_the_key(fx, "rw-expiry", Mode::Shared, Mode::Exclusive).await;
 }
 
 /// Read holds, permits and exclusive grants do not mix: a semaphore on a
@@ -293,42 +256,6 @@ pub async fn dropped_read_attempt_gives_its_hold_back(fx: &Fixture) {
     if !offers_read_write(fx) {
         return;
     }
-    let ttl = fx.short_ttl(Duration::from_secs(3600));
-    let key = fx.key("rw-dropped-probe");
-    let started = Instant::now();
-    let probe = fx
-        .locker
-        .acquire_in(&key, Mode::Shared, ttl, Wait::NONE)
-        .await
-        .expect("probe");
-    let takes = started.elapsed();
-    fx.locker.release(probe).await.expect("release");
-    for round in 0..12u32 {
-        let key = fx.key(&format!("rw-dropped-{round}"));
-        let begun = Arc::new(AtomicBool::new(false));
-        let attempt = {
-            let (locker, key, begun) = (fx.locker.clone(), key.clone(), begun.clone());
-            tokio::spawn(async move {
-                begun.store(true, Ordering::SeqCst);
-                locker.acquire_in(&key, Mode::Shared, ttl, Wait::NONE).await
-            })
-        };
-        // A busy wait, since a timer's granularity is 1 ms.
-        let drop_at = Instant::now() + takes / 10 * round;
-        while Instant::now() < drop_at {
-            tokio::task::yield_now().await;
-        }
-        attempt.abort();
-        if let Ok(Ok(lease)) = attempt.await {
-            fx.locker.release(lease).await.expect("release");
-        }
-        let writer = within(
-            SLACK,
-            "the key is free long before the dropped read's TTL",
-            fx.other.acquire(&key, LONG_TTL, Wait::at_most(SLACK)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        fx.other.release(writer).await.expect("release");
-    }
+    in_mode::dropped_attempts_give_their_hold_back(fx, "rw-dropped", Mode::Shared, Mode::Exclusive)
+        .await;
 }

@@ -3,13 +3,12 @@
 //! with `Unsupported` and its reason, and the other cases skip it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_core::{Error, GuardOptions, MAX_PERMITS, Mode, Offer, Wait};
-use tokio::time::Instant;
 
-use super::{LONG_TTL, SLACK, expiry_wait, short, within};
+use super::in_mode;
+use super::{LONG_TTL, SLACK, within};
 use crate::Fixture;
 
 fn offers_semaphores(fx: &Fixture) -> bool {
@@ -35,20 +34,7 @@ pub async fn semaphores_are_offered_or_refused_with_a_reason(fx: &Fixture) {
             permit.release().await.expect("release");
         }
         Offer::Refused { reason } => {
-            assert!(!reason.is_empty(), "a refusal gives its reason");
-            match asked {
-                Err(
-                    e @ Error::Unsupported {
-                        reason: Some(_), ..
-                    },
-                ) => {
-                    assert!(
-                        e.to_string().contains(reason),
-                        "the error names the reason: {e}"
-                    );
-                }
-                other => panic!("a backend without semaphores must refuse them: {other:?}"),
-            }
+            in_mode::refused_with_the_reason(asked, reason, "semaphores");
         }
         other => panic!("unknown offer {other:?}"),
     }
@@ -114,34 +100,8 @@ pub async fn an_expired_permit_comes_back(fx: &Fixture) {
     if !offers_semaphores(fx) {
         return;
     }
-    let key = fx.key("semaphore-expiry");
-    let ttl = short(fx);
     let mode = Mode::semaphore(1);
-    let mut lapsing = fx
-        .locker
-        .acquire_in(&key, mode, ttl, Wait::NONE)
-        .await
-        .expect("a permit");
-    assert_eq!(lapsing.mode(), mode);
-    let next = within(
-        expiry_wait(ttl),
-        "the expired permit comes back",
-        fx.other
-            .acquire_in(&key, mode, LONG_TTL, Wait::at_most(expiry_wait(ttl))),
-    )
-    .await
-    .expect("the expired permit");
-    assert!(next.fencing_token() > lapsing.fencing_token());
-    let extended = fx.locker.extend(&mut lapsing, LONG_TTL).await;
-    assert!(
-        matches!(extended, Err(Error::Lost { .. })),
-        "an expired permit was extended: {extended:?}"
-    );
-    assert!(fx.locker.release(lapsing).await.is_err());
-    fx.other
-        .release(next)
-        .await
-        .expect("the live permit is untouched");
+    in_mode::an_expired_hold_frees_the_key(fx, "semaphore-expiry", mode, mode).await;
 }
 
 /// The number of permits is part of the key's identity while it is held:
@@ -295,44 +255,6 @@ pub async fn dropped_permit_attempt_gives_its_permit_back(fx: &Fixture) {
     if !offers_semaphores(fx) {
         return;
     }
-    let ttl = fx.short_ttl(Duration::from_secs(3600));
     let mode = Mode::semaphore(1);
-    let key = fx.key("semaphore-dropped-probe");
-    let started = Instant::now();
-    let probe = fx
-        .locker
-        .acquire_in(&key, mode, ttl, Wait::NONE)
-        .await
-        .expect("probe");
-    let takes = started.elapsed();
-    fx.locker.release(probe).await.expect("release");
-    for round in 0..12u32 {
-        let key = fx.key(&format!("semaphore-dropped-{round}"));
-        let begun = Arc::new(AtomicBool::new(false));
-        let attempt = {
-            let (locker, key, begun) = (fx.locker.clone(), key.clone(), begun.clone());
-            tokio::spawn(async move {
-                begun.store(true, Ordering::SeqCst);
-                locker.acquire_in(&key, mode, ttl, Wait::NONE).await
-            })
-        };
-        // A busy wait, since a timer's granularity is 1 ms.
-        let drop_at = Instant::now() + takes / 10 * round;
-        while Instant::now() < drop_at {
-            tokio::task::yield_now().await;
-        }
-        attempt.abort();
-        if let Ok(Ok(lease)) = attempt.await {
-            fx.locker.release(lease).await.expect("release");
-        }
-        let next = within(
-            SLACK,
-            "the key's permit is free long before the dropped attempt's TTL",
-            fx.other
-                .acquire_in(&key, mode, LONG_TTL, Wait::at_most(SLACK)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        fx.other.release(next).await.expect("release");
-    }
+    in_mode::dropped_attempts_give_their_hold_back(fx, "semaphore-dropped", mode, mode).await;
 }
