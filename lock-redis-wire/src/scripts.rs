@@ -848,12 +848,18 @@ pub async fn run_batch<'a, C: ConnectionLike>(
         }
         other => other?,
     };
+    answers_of(reply, operations.len())
+}
+
+/// The answers of a batch script's call of `count` operations: an integer
+/// alone (a call of one), or an array of integers and error texts.
+pub(crate) fn answers_of(reply: Value, count: usize) -> RedisResult<Vec<RedisResult<i64>>> {
     let replies: Vec<RedisResult<i64>> = match reply {
         Value::Int(one) => vec![Ok(one)],
         Value::Array(many) => many.into_iter().map(operation_answer).collect(),
         other => return Err(unexpected(&other)),
     };
-    if replies.len() != operations.len() {
+    if replies.len() != count {
         return Err(RedisError::from((
             ErrorKind::UnexpectedReturnType,
             "the batch script answered a different number of operations than it was sent",
