@@ -558,7 +558,9 @@ fn command(rule: &TokenRule, batch: &[Request], with_text: bool) -> redis::Cmd {
             let operations: Vec<(&LockKeys, &str, HoldOperation)> = batch
                 .iter()
                 .filter_map(|r| match r.operation {
-                    Work::Hold(operation) => Some((&r.claim.keys, r.claim.owner.as_str(), operation)),
+                    Work::Hold(operation) => {
+                        Some((&r.claim.keys, r.claim.owner.as_str(), operation))
+                    }
                     Work::Lock(_) => None,
                 })
                 .collect();
@@ -568,7 +570,9 @@ fn command(rule: &TokenRule, batch: &[Request], with_text: bool) -> redis::Cmd {
             let operations: Vec<(&LockKeys, &str, Operation)> = batch
                 .iter()
                 .filter_map(|r| match r.operation {
-                    Work::Lock(operation) => Some((&r.claim.keys, r.claim.owner.as_str(), operation)),
+                    Work::Lock(operation) => {
+                        Some((&r.claim.keys, r.claim.owner.as_str(), operation))
+                    }
                     Work::Hold(_) => None,
                 })
                 .collect();

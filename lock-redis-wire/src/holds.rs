@@ -77,15 +77,17 @@ local function keep_until_last(set, beside)
   redis.call('PEXPIREAT', beside, hold[2])
 end
 
--- Drops the expired holders of `set`; false when `set` is another type
--- (a mode's key taken by another mode).
-local function drop_expired(set)
-  local dropped = redis.pcall('ZREMRANGEBYSCORE', set, '-inf', now_ms)
-  if type(dropped) == 'table' then
-    if string.sub(dropped.err, 1, 9) == 'WRONGTYPE' then return false end
-    error(dropped)
+-- The live holders of `set`, once the expired ones are dropped; false when
+-- `set` is another type (a mode's key taken by another mode). An empty set
+-- (the common, uncontended case) costs one command.
+local function live_holders(set)
+  local holders = redis.pcall('ZCARD', set)
+  if type(holders) == 'table' then
+    if string.sub(holders.err, 1, 9) == 'WRONGTYPE' then return false end
+    error(holders)
   end
-  return true
+  if holders == 0 then return 0 end
+  return holders - redis.call('ZREMRANGEBYSCORE', set, '-inf', now_ms)
 end
 
 -- The line's live head (a waiting writer), once heads whose client's
@@ -113,13 +115,13 @@ local function read_marker(lock)
 end
 
 local function take_permit(lock, permits_key, counter, ttl, owner, permits)
-  if not drop_expired(lock) then
+  local holders = live_holders(lock)
+  if not holders then
     -- Readers of a read-write lock, or a writer.
     local value = redis.call('GET', lock)
     if value == 'r' or value == 'r+' then return READERS end
     return EXCLUSIVE
   end
-  local holders = redis.call('ZCARD', lock)
   if holders > 0 then
     local limit = tonumber(redis.call('GET', permits_key))
     if limit and limit ~= permits then return SEMAPHORE - limit end
@@ -144,16 +146,15 @@ local function take_permit(lock, permits_key, counter, ttl, owner, permits)
 end
 
 local function extend_permit(lock, permits_key, ttl, owner)
-  if not drop_expired(lock) or not redis.call('ZSCORE', lock, owner) then return 0 end
+  if not live_holders(lock) or not redis.call('ZSCORE', lock, owner) then return 0 end
   redis.call('ZADD', lock, 'XX', now_ms + ttl, owner)
   keep_until_last(lock, permits_key)
   return 1
 end
 
 local function release_permit(lock, permits_key, owner)
-  if not drop_expired(lock) then return 0 end
-  local holders = redis.call('ZCARD', lock)
-  if redis.call('ZREM', lock, owner) == 0 then return 0 end
+  local holders = live_holders(lock)
+  if not holders or redis.call('ZREM', lock, owner) == 0 then return 0 end
   local limit
   if holders == 1 then
     limit = tonumber(redis.call('GETDEL', permits_key))
@@ -519,7 +520,10 @@ pub async fn run_hold<C: ConnectionLike>(
     let owner = owner.to_hex();
     let mut answers = run_holds(conn, rule, &[(keys, &owner, operation)]).await?;
     let answer = answers.pop().ok_or_else(|| {
-        RedisError::from((ErrorKind::UnexpectedReturnType, "no answer from the holds script"))
+        RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "no answer from the holds script",
+        ))
     })??;
     Ok(HoldAnswer::read(&operation, answer))
 }
@@ -560,7 +564,10 @@ mod tests {
         assert_eq!(read(7), HoldAnswer::Granted(FencingToken::new(7)));
         assert_eq!(read(0), HoldAnswer::Busy(None));
         assert_eq!(read(-1), HoldAnswer::Busy(Some(Duration::ZERO)));
-        assert_eq!(read(-251), HoldAnswer::Busy(Some(Duration::from_millis(250))));
+        assert_eq!(
+            read(-251),
+            HoldAnswer::Busy(Some(Duration::from_millis(250)))
+        );
         assert_eq!(read(EXCLUSIVE), HoldAnswer::Exclusive);
         assert_eq!(read(EXCLUSIVE - 1), HoldAnswer::Readers);
         assert_eq!(read(SEMAPHORE - 5), HoldAnswer::Semaphore(5));

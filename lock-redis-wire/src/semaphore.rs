@@ -23,8 +23,8 @@
 use std::time::Duration;
 
 use lock_core::{FencingToken, OwnerToken};
-use redis::aio::ConnectionLike;
 use redis::RedisResult;
+use redis::aio::ConnectionLike;
 
 use crate::holds::{self, HoldAnswer, HoldOperation};
 use crate::scripts::TokenRule;

@@ -131,7 +131,10 @@ async fn exclusive_locks_permits_and_read_holds_asked_together_are_each_answered
         "the semaphore of one permit was full"
     );
     assert!(
-        matches!(wrong_mode.expect("read of a writer's key"), HoldAnswer::Busy(_)),
+        matches!(
+            wrong_mode.expect("read of a writer's key"),
+            HoldAnswer::Busy(_)
+        ),
         "a read hold of a key a writer holds is refused"
     );
     let counter = common::shared_counter(&server, &layout);
@@ -182,5 +185,8 @@ async fn a_flushed_holds_script_is_loaded_again() {
             .expect("release");
         assert_eq!(released, HoldAnswer::Done(true), "round {round}");
     }
-    assert!(server.command_calls("eval").expect("INFO") >= 2, "the text was sent");
+    assert!(
+        server.command_calls("eval").expect("INFO") >= 2,
+        "the text was sent"
+    );
 }

@@ -9,7 +9,8 @@
 //! ```
 //! Arguments: URL (`redis://`, `redis+cluster://`, `redis+sentinel://`),
 //! tasks (default 64), seconds per mode and round (default 2), rounds
-//! (default 5).
+//! (default 5), and the modes (default `mutex,permit,read`; the ratio is
+//! to the first).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,11 +45,17 @@ async fn main() -> Result<(), String> {
     };
     // A prefix of this run's own, so that runs side by side never share a key.
     let run_id = std::process::id();
-    let modes = [
-        ("mutex", Mode::Exclusive),
-        ("permit", Mode::semaphore(4)),
-        ("read", Mode::Shared),
-    ];
+    let modes = args
+        .next()
+        .unwrap_or_else(|| "mutex,permit,read".to_owned())
+        .split(',')
+        .map(|name| match name {
+            "mutex" => Ok(("mutex", Mode::Exclusive)),
+            "permit" => Ok(("permit", Mode::semaphore(4))),
+            "read" => Ok(("read", Mode::Shared)),
+            other => Err(format!("mode: mutex, permit or read, not {other}")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     // The first round warms up connections and script caches, uncounted.
     for round in 0..=rounds {
@@ -57,7 +64,14 @@ async fn main() -> Result<(), String> {
                 0 => Duration::from_millis(300),
                 _ => Duration::from_secs(seconds),
             };
-            let rate = pairs(&locker, *mode, &format!("pairs{run_id}/{name}"), tasks, length).await?;
+            let rate = pairs(
+                &locker,
+                *mode,
+                &format!("pairs{run_id}/{name}"),
+                tasks,
+                length,
+            )
+            .await?;
             if round > 0 {
                 rates[m].push(rate);
             }

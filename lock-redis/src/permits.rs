@@ -35,7 +35,8 @@ impl RedisBackend {
                 let reply = batcher.hold(claim.clone(), operation).await;
                 give_back.disarm_if_answered(&reply);
                 reply.and_then(|answer| {
-                    PermitReply::from_answer(answer).ok_or_else(lock_redis_wire::holds::unexpected_answer)
+                    PermitReply::from_answer(answer)
+                        .ok_or_else(lock_redis_wire::holds::unexpected_answer)
                 })
             }
             None => {

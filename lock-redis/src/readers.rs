@@ -41,9 +41,14 @@ impl RedisBackend {
             None => {
                 let give_back = GiveBack::armed(|| self.give_back_read(&keys, owner));
                 // The exclusive mode's rule, so that tokens increase across modes.
-                let reply =
-                    read_write::acquire_read(&mut inner.conn.clone(), &inner.rule, &keys, owner, ttl)
-                        .await;
+                let reply = read_write::acquire_read(
+                    &mut inner.conn.clone(),
+                    &inner.rule,
+                    &keys,
+                    owner,
+                    ttl,
+                )
+                .await;
                 give_back.disarm_if_answered(&reply);
                 reply
             }
@@ -63,7 +68,9 @@ impl RedisBackend {
     }
 
     pub(crate) async fn extend_read(&self, lease: &Lease, ttl: Duration) -> Result<()> {
-        let reply = self.settle_hold(lease, HoldOperation::extend_read(ttl)).await;
+        let reply = self
+            .settle_hold(lease, HoldOperation::extend_read(ttl))
+            .await;
         self.settled(lease, reply)
     }
 
@@ -81,7 +88,11 @@ impl RedisBackend {
     ) -> redis::RedisResult<bool> {
         let keys = self.inner.settings.layout.keys(lease.key().as_str());
         let answer = match &self.inner.batcher {
-            Some(batcher) => batcher.hold(Claim::new(keys, lease.owner()), operation).await?,
+            Some(batcher) => {
+                batcher
+                    .hold(Claim::new(keys, lease.owner()), operation)
+                    .await?
+            }
             None => {
                 let conn = &mut self.inner.conn.clone();
                 // Extends and releases take no token: the rule names no counter.
