@@ -1,6 +1,9 @@
 //! Coalescing: the acquires and releases that callers send to one server
 //! while an earlier batch is on the wire go out together, as one `EVALSHA`
-//! of [`BATCH_LUA`](crate::scripts::BATCH_LUA).
+//! of [`BATCH_LUA`](crate::scripts::BATCH_LUA) for exclusive locks, or of
+//! [`HOLDS_LUA`](crate::holds::HOLDS_LUA) for permits and read holds (and
+//! their extends): a batch is a run, in the order asked, of the operations
+//! of one script, so both kinds share the queue, the wire and its order.
 //!
 //! A Redis server spends more on each script call (finding the script,
 //! setting up Lua, parsing the command, writing the reply) than on the few
