@@ -29,7 +29,7 @@ use crate::scripts::TokenRule;
 /// in order:
 /// - a permit: `KEYS` the lock (a sorted set), its number of permits;
 ///   acquire `p` (`ARGV` TTL in ms, owner token, permits), extend `x`
-///   (TTL in ms, owner), release `v` (owner);
+///   (TTL in ms, owner), release `v` (owner, the semaphore's permits);
 /// - a read hold: `KEYS` the lock (the marker `r`), its readers, its
 ///   waiting line and its clients' leases (see
 ///   [`BATCH_LUA`](crate::scripts::BATCH_LUA)); acquire `s` (`ARGV` TTL in
@@ -152,16 +152,23 @@ local function extend_permit(lock, permits_key, ttl, owner)
   return 1
 end
 
-local function release_permit(lock, permits_key, owner)
-  local holders = live_holders(lock)
-  if not holders or redis.call('ZREM', lock, owner) == 0 then return 0 end
-  local limit
-  if holders == 1 then
-    limit = tonumber(redis.call('GETDEL', permits_key))
-  else
-    limit = tonumber(redis.call('GET', permits_key))
+local function release_permit(lock, permits_key, owner, permits)
+  local holders = redis.pcall('ZCARD', lock)
+  if type(holders) == 'table' then
+    if string.sub(holders.err, 1, 9) == 'WRONGTYPE' then return 0 end
+    error(holders)
   end
-  if limit and holders >= limit then
+  if holders == 1 then
+    -- The only holder (the uncontended case): both keys go with its permit.
+    local expiry = tonumber(redis.call('ZSCORE', lock, owner))
+    if not expiry or expiry <= now_ms then return 0 end
+    redis.call('DEL', lock, permits_key)
+  else
+    holders = live_holders(lock)
+    if redis.call('ZREM', lock, owner) == 0 then return 0 end
+    if holders == 1 then redis.call('DEL', permits_key) end
+  end
+  if holders >= permits then
     -- It was full: someone may wait. The message is no secret.
     redis.call('PUBLISH', lock .. ':released', 'permit ' .. now_ms)
   end
@@ -217,11 +224,17 @@ end
 local function release_read(lock, readers, queue, leases, owner)
   local current, read_held = read_marker(lock)
   if not read_held then return 0 end
-  redis.call('ZREMRANGEBYSCORE', readers, '-inf', now_ms)
-  if redis.call('ZREM', readers, owner) == 0 then return 0 end
-  if redis.call('ZCARD', readers) > 0 then
-    keep_until_last(readers, lock)
-    return 1
+  if redis.call('ZCARD', readers) == 1 then
+    -- The only reader (the uncontended case), if it is this owner's, live.
+    local expiry = tonumber(redis.call('ZSCORE', readers, owner))
+    if not expiry or expiry <= now_ms then return 0 end
+  else
+    redis.call('ZREMRANGEBYSCORE', readers, '-inf', now_ms)
+    if redis.call('ZREM', readers, owner) == 0 then return 0 end
+    if redis.call('ZCARD', readers) > 0 then
+      keep_until_last(readers, lock)
+      return 1
+    end
   end
   redis.call('DEL', lock, readers)
   -- The last reader left: the turn goes to the waiting writer at the
@@ -263,8 +276,8 @@ for i = 1, n do
     ok, answer = pcall(extend_permit, KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), ARGV[a + 1])
     k, a = k + 2, a + 2
   elseif op == 'v' then
-    ok, answer = pcall(release_permit, KEYS[k], KEYS[k + 1], ARGV[a])
-    k, a = k + 2, a + 1
+    ok, answer = pcall(release_permit, KEYS[k], KEYS[k + 1], ARGV[a], tonumber(ARGV[a + 1]))
+    k, a = k + 2, a + 2
   elseif op == 't' then
     ok, answer = pcall(extend_read, KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), ARGV[a + 1])
     k, a = k + 4, a + 2
@@ -304,7 +317,11 @@ pub enum HoldOperation {
         ttl_ms: u64,
     },
     /// Gives a permit back.
-    ReleasePermit,
+    ReleasePermit {
+        /// The semaphore's number of permits: a release that frees a
+        /// permit of a full semaphore wakes a waiter.
+        permits: u32,
+    },
     /// A read hold, for `ttl_ms`.
     AcquireRead {
         /// The TTL in milliseconds.
@@ -361,7 +378,7 @@ impl HoldOperation {
         match self {
             HoldOperation::AcquirePermit { .. } => 'p',
             HoldOperation::ExtendPermit { .. } => 'x',
-            HoldOperation::ReleasePermit => 'v',
+            HoldOperation::ReleasePermit { .. } => 'v',
             HoldOperation::AcquireRead { .. } => 's',
             HoldOperation::ExtendRead { .. } => 't',
             HoldOperation::ReleaseRead => 'u',
@@ -481,7 +498,8 @@ pub fn holds_command(
             HoldOperation::ExtendPermit { ttl_ms }
             | HoldOperation::AcquireRead { ttl_ms }
             | HoldOperation::ExtendRead { ttl_ms } => cmd.arg(ttl_ms).arg(*owner),
-            HoldOperation::ReleasePermit | HoldOperation::ReleaseRead => cmd.arg(*owner),
+            HoldOperation::ReleasePermit { permits } => cmd.arg(*owner).arg(permits),
+            HoldOperation::ReleaseRead => cmd.arg(*owner),
         };
     }
     cmd

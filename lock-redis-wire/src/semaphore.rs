@@ -90,13 +90,15 @@ pub async fn extend_permit<C: ConnectionLike>(
     holds::settle(conn, keys, owner, operation).await
 }
 
-/// Gives `owner`'s permit back, if it still holds one. Returns whether it did.
+/// Gives `owner`'s permit of a semaphore of `permits` back, if it still
+/// holds one. Returns whether it did.
 pub async fn release_permit<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
     owner: &OwnerToken,
+    permits: u32,
 ) -> RedisResult<bool> {
-    holds::settle(conn, keys, owner, HoldOperation::ReleasePermit).await
+    holds::settle(conn, keys, owner, HoldOperation::ReleasePermit { permits }).await
 }
 
 /// The key that holds the number of permits of `keys`' semaphore.

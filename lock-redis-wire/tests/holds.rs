@@ -36,7 +36,7 @@ async fn hold_operations_per_call(read: bool, callers: usize, pairs: usize) -> f
         true => (HoldOperation::acquire_read(TTL), HoldOperation::ReleaseRead),
         false => (
             HoldOperation::acquire_permit(TTL, 2),
-            HoldOperation::ReleasePermit,
+            HoldOperation::ReleasePermit { permits: 2 },
         ),
     };
     // Loads the script, so that the calls counted are the callers'.
@@ -143,7 +143,7 @@ async fn exclusive_locks_permits_and_read_holds_asked_together_are_each_answered
         "the counter {counter} covers the highest token {third:?}"
     );
     for (claim, release) in [
-        (permit, HoldOperation::ReleasePermit),
+        (permit, HoldOperation::ReleasePermit { permits: 1 }),
         (read, HoldOperation::ReleaseRead),
     ] {
         let released = batcher.hold(claim, release).await.expect("release");
@@ -180,7 +180,7 @@ async fn a_flushed_holds_script_is_loaded_again() {
             .expect("extend");
         assert_eq!(extended, HoldAnswer::Done(true), "round {round}");
         let released = batcher
-            .hold(claim.clone(), HoldOperation::ReleasePermit)
+            .hold(claim.clone(), HoldOperation::ReleasePermit { permits: 3 })
             .await
             .expect("release");
         assert_eq!(released, HoldAnswer::Done(true), "round {round}");

@@ -831,7 +831,7 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         match lease.mode() {
-            Mode::Semaphore { .. } => return self.release_permit(lease).await,
+            Mode::Semaphore { permits } => return self.release_permit(lease, permits).await,
             Mode::Shared => return self.release_read(lease).await,
             _ => {}
         }

@@ -29,7 +29,7 @@ impl RedisBackend {
             Some(batcher) => {
                 let claim = Claim::new(keys, owner);
                 let give_back = GiveBack::armed(|| {
-                    drop(batcher.hold(claim.clone(), HoldOperation::ReleasePermit))
+                    drop(batcher.hold(claim.clone(), HoldOperation::ReleasePermit { permits }))
                 });
                 let operation = HoldOperation::acquire_permit(ttl, permits);
                 let reply = batcher.hold(claim.clone(), operation).await;
@@ -40,7 +40,7 @@ impl RedisBackend {
                 })
             }
             None => {
-                let give_back = GiveBack::armed(|| self.give_back_permit(&keys, owner));
+                let give_back = GiveBack::armed(|| self.give_back_permit(&keys, owner, permits));
                 // The exclusive mode's rule, so that tokens increase across modes.
                 let reply = semaphore::acquire_permit(
                     &mut inner.conn.clone(),
@@ -86,8 +86,9 @@ impl RedisBackend {
         self.settled(lease, reply)
     }
 
-    pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<()> {
-        let reply = self.settle_hold(lease, HoldOperation::ReleasePermit).await;
+    pub(crate) async fn release_permit(&self, lease: &Lease, permits: u32) -> Result<()> {
+        let operation = HoldOperation::ReleasePermit { permits };
+        let reply = self.settle_hold(lease, operation).await;
         self.settled(lease, reply)
     }
 
@@ -108,14 +109,14 @@ impl RedisBackend {
 
     /// Gives back, in a task of its own, the permit an attempt may hold.
     /// Sent on the same connection after the attempt, so it runs after it.
-    fn give_back_permit(&self, keys: &LockKeys, owner: &OwnerToken) {
+    fn give_back_permit(&self, keys: &LockKeys, owner: &OwnerToken, permits: u32) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let (backend, keys, owner) = (self.clone(), keys.clone(), owner.clone());
         runtime.spawn(async move {
             let conn = &mut backend.inner.conn.clone();
-            if let Err(e) = semaphore::release_permit(conn, &keys, &owner).await {
+            if let Err(e) = semaphore::release_permit(conn, &keys, &owner, permits).await {
                 let error = backend.error(e);
                 tracing::debug!(%error, "could not give back a permit that won no lease; its TTL bounds it");
             }
