@@ -191,12 +191,9 @@ local function take_read(lock, readers, queue, leases, counter, ttl, owner)
     if left < 0 then return 0 end
     return -1 - left
   end
-  if read_held then
-    redis.call('ZREMRANGEBYSCORE', readers, '-inf', now_ms)
-  else
-    -- Readers left from a marker that lapsed or was removed: none hold.
-    redis.call('DEL', readers)
-  end
+  -- Without a marker there are no readers: they expire with it, and go
+  -- with it when the last leaves or an operator removes it.
+  if read_held then redis.call('ZREMRANGEBYSCORE', readers, '-inf', now_ms) end
   -- A waiting writer comes before new readers.
   if live_head(queue, leases) then return 0 end
   local token = take_token(counter, ttl)
@@ -237,6 +234,9 @@ local function release_read(lock, readers, queue, leases, owner)
     end
   end
   redis.call('DEL', lock, readers)
+  -- Unmarked, nobody has waited since the first reader came (a writer in
+  -- line marks it), and a new reader found no live head: no line to serve.
+  if current == 'r' then return 1 end
   -- The last reader left: the turn goes to the waiting writer at the
   -- line's head, reserved for it until its client's lease runs out, and
   -- it alone is woken, by its place.

@@ -984,16 +984,20 @@ pub async fn release<C: ConnectionLike>(
     Ok(reply == 1)
 }
 
-/// The operator's force release: deletes the grant whoever holds it and
-/// publishes the release so waiters need not wait for their next poll.
-/// Returns whether there was a grant.
+/// The operator's force release: deletes the grant whoever holds it (with
+/// a read-write lock's readers and a semaphore's number of permits, which
+/// live beside it) and publishes the release so waiters need not wait for
+/// their next poll. Returns whether there was a grant.
 pub async fn force_release<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
 ) -> RedisResult<bool> {
-    let (deleted, _receivers): (i64, i64) = redis::pipe()
+    let (deleted, _beside, _receivers): (i64, i64, i64) = redis::pipe()
         .cmd("DEL")
         .arg(&keys.lock)
+        .cmd("DEL")
+        .arg(crate::read_write::readers_key(keys))
+        .arg(crate::semaphore::permits_key(keys))
         .cmd("PUBLISH")
         .arg(&keys.channel)
         .arg("released")

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use lock_core::OwnerToken;
-use lock_redis_wire::holds::{HoldAnswer, HoldOperation};
+use lock_redis_wire::holds::{self, HoldAnswer, HoldOperation};
+use lock_redis_wire::scripts;
 use lock_redis_wire::socket::Dial;
 use lock_redis_wire::{AcquireReply, Batcher, Claim, Handout, KeyLayout, Timeouts, TokenRule};
 use lock_testkit::RedisServer;
@@ -189,4 +190,41 @@ async fn a_flushed_holds_script_is_loaded_again() {
         server.command_calls("eval").expect("INFO") >= 2,
         "the text was sent"
     );
+}
+
+/// A read hold the operator removed stays lost when a new reader comes:
+/// the readers go with the marker, so the new reader does not find the old
+/// ones beside it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_force_released_read_hold_stays_lost_after_the_next_reader() {
+    let server = RedisServer::start().expect("start redis");
+    let layout = KeyLayout::default();
+    let rule = shared_rule(&layout);
+    let mut conn = common::connect(&server).await;
+    let keys = layout.keys("doc");
+    let (old, new) = (OwnerToken::random(), OwnerToken::random());
+    let take = HoldOperation::acquire_read(TTL);
+    let run = |conn: &mut redis::aio::MultiplexedConnection, owner: &OwnerToken, op| {
+        let (mut conn, keys, owner, rule) =
+            (conn.clone(), keys.clone(), owner.clone(), rule.clone());
+        async move { holds::run_hold(&mut conn, &rule, &keys, &owner, op).await }
+    };
+    let granted = run(&mut conn, &old, take).await.expect("first reader");
+    assert!(matches!(granted, HoldAnswer::Granted(_)), "{granted:?}");
+    assert!(
+        scripts::force_release(&mut conn, &keys)
+            .await
+            .expect("force release"),
+        "the marker was there"
+    );
+    let granted = run(&mut conn, &new, take).await.expect("next reader");
+    assert!(matches!(granted, HoldAnswer::Granted(_)), "{granted:?}");
+    let extended = run(&mut conn, &old, HoldOperation::extend_read(TTL)).await;
+    assert_eq!(
+        extended.expect("extend"),
+        HoldAnswer::Done(false),
+        "the removed reader was extended"
+    );
+    let released = run(&mut conn, &new, HoldOperation::ReleaseRead).await;
+    assert_eq!(released.expect("release"), HoldAnswer::Done(true));
 }
