@@ -1,6 +1,9 @@
 //! Coalescing: the acquires and releases that callers send to one server
 //! while an earlier batch is on the wire go out together, as one `EVALSHA`
-//! of [`BATCH_LUA`](crate::scripts::BATCH_LUA).
+//! of [`BATCH_LUA`](crate::scripts::BATCH_LUA) for exclusive locks, or of
+//! [`HOLDS_LUA`](crate::holds::HOLDS_LUA) for permits and read holds (and
+//! their extends): a batch is a run, in the order asked, of the operations
+//! of one script, so both kinds share the queue, the wire and its order.
 //!
 //! A Redis server spends more on each script call (finding the script,
 //! setting up Lua, parsing the command, writing the reply) than on the few
@@ -54,6 +57,7 @@ use redis::{ErrorKind, RedisError, RedisResult};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::LockKeys;
+use crate::holds::{self, HoldOperation};
 use crate::scripts::{self, AcquireReply, Operation, TokenRule};
 use crate::socket::Dial;
 
@@ -138,8 +142,36 @@ impl Claim {
 /// One caller's request, waiting for its batch.
 struct Request {
     claim: Arc<Claim>,
-    operation: Operation,
+    operation: Work,
     reply: oneshot::Sender<RedisResult<i64>>,
+}
+
+/// What a request asks, and so which script runs it: a batch is a run of
+/// requests of one script.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    /// An exclusive lock's operation, run by [`scripts::BATCH_LUA`].
+    Lock(Operation),
+    /// A permit's or a read hold's, run by [`holds::HOLDS_LUA`].
+    Hold(HoldOperation),
+}
+
+impl Work {
+    /// Whether it grants something, which a caller that has gone need not get.
+    fn is_acquire(&self) -> bool {
+        match self {
+            Work::Lock(operation) => matches!(operation, Operation::Acquire { .. }),
+            Work::Hold(operation) => operation.is_acquire(),
+        }
+    }
+
+    /// Whether the two go in one call: they run by the same script.
+    fn same_script(&self, other: &Work) -> bool {
+        matches!(
+            (self, other),
+            (Work::Lock(_), Work::Lock(_)) | (Work::Hold(_), Work::Hold(_))
+        )
+    }
 }
 
 /// Sends acquires and releases to one server, coalesced. Cheap to clone;
@@ -229,7 +261,7 @@ impl Batcher {
         ttl: Duration,
         others_wait: bool,
     ) -> impl Future<Output = RedisResult<AcquireReply>> + Send + use<> {
-        let answer = self.ask(claim, Operation::acquire(ttl, others_wait));
+        let answer = self.ask(claim, Work::Lock(Operation::acquire(ttl, others_wait)));
         async move { Ok(AcquireReply::from_reply(answer.await?)) }
     }
 
@@ -241,14 +273,27 @@ impl Batcher {
         claim: Arc<Claim>,
         token: u64,
     ) -> impl Future<Output = RedisResult<bool>> + Send + use<> {
-        let answer = self.ask(claim, Operation::Release { token });
+        let answer = self.ask(claim, Work::Lock(Operation::Release { token }));
         async move { Ok(answer.await? == 1) }
+    }
+
+    /// An operation on a permit or a read hold, as
+    /// [`holds::run_holds`] with this batcher's token rule; its answer as
+    /// [`HoldAnswer::read`](holds::HoldAnswer::read) reads it. Queued when
+    /// called, in one queue with the claim's exclusive operations.
+    pub fn hold(
+        &self,
+        claim: Arc<Claim>,
+        operation: HoldOperation,
+    ) -> impl Future<Output = RedisResult<holds::HoldAnswer>> + Send + use<> {
+        let answer = self.ask(claim, Work::Hold(operation));
+        async move { Ok(holds::HoldAnswer::read(&operation, answer.await?)) }
     }
 
     fn ask(
         &self,
         claim: Arc<Claim>,
-        operation: Operation,
+        operation: Work,
     ) -> impl Future<Output = RedisResult<i64>> + Send + use<> {
         let (reply, answer) = oneshot::channel();
         let request = Request {
@@ -326,7 +371,7 @@ impl Queue {
             let _ = request.reply.send(answer);
         }
         self.waiting
-            .retain(|r| !(r.reply.is_closed() && matches!(r.operation, Operation::Acquire { .. })));
+            .retain(|r| !(r.reply.is_closed() && r.operation.is_acquire()));
     }
 
     /// The next batch to send, its claims now on the wire; empty when
@@ -437,7 +482,7 @@ async fn send_batches<C: ConnectionLike + Clone + Send + 'static>(
         tokio::select! {
             biased;
             Some((batch, answers)) = in_flight.next(), if !in_flight.is_empty() => {
-                // One answer per operation (`run_batch` checks the count).
+                // One answer per operation (`answers_of` checks the count).
                 queue.answer(batch, answers);
             }
             received = queue.receive(&mut requests), if open && queue.has_room() => {
@@ -492,17 +537,54 @@ impl Hasher for IdHasher {
     }
 }
 
-/// Takes up to [`MAX_BATCH`] waiting requests, in order, up to the first
-/// whose claim is on the wire: that one and all after it wait, so that
-/// every operation runs after those asked before it, as on a plain
-/// connection.
+/// Takes up to [`MAX_BATCH`] waiting requests of one script, in order, up
+/// to the first whose claim is on the wire: that one and all after it
+/// wait, so that every operation runs after those asked before it, as on a
+/// plain connection.
 fn take_batch(waiting: &mut Vec<Request>, busy: &Busy) -> Vec<Request> {
+    let Some(first) = waiting.first().map(|r| r.operation) else {
+        return Vec::new();
+    };
     let ready = waiting
         .iter()
         .take(MAX_BATCH)
-        .take_while(|r| !busy.contains(&r.claim.id()))
+        .take_while(|r| !busy.contains(&r.claim.id()) && r.operation.same_script(&first))
         .count();
     waiting.drain(..ready).collect()
+}
+
+/// The call that runs `batch` (a run of one script's requests): its
+/// `EVALSHA`, or, `with_text`, the `EVAL` that also loads the script.
+fn command(rule: &TokenRule, batch: &[Request], with_text: bool) -> redis::Cmd {
+    match batch.first().map(|r| r.operation) {
+        Some(Work::Hold(_)) => {
+            let operations: Vec<(&LockKeys, &str, HoldOperation)> = batch
+                .iter()
+                .filter_map(|r| match r.operation {
+                    Work::Hold(operation) => {
+                        Some((&r.claim.keys, r.claim.owner.as_str(), operation))
+                    }
+                    Work::Lock(_) => None,
+                })
+                .collect();
+            holds::holds_command(rule, &operations, with_text)
+        }
+        _ => {
+            let operations: Vec<(&LockKeys, &str, Operation)> = batch
+                .iter()
+                .filter_map(|r| match r.operation {
+                    Work::Lock(operation) => {
+                        Some((&r.claim.keys, r.claim.owner.as_str(), operation))
+                    }
+                    Work::Hold(_) => None,
+                })
+                .collect();
+            match with_text {
+                true => scripts::batch_command_with_text(rule, &operations),
+                false => scripts::batch_command(rule, &operations),
+            }
+        }
+    }
 }
 
 /// Sends one batch; returns it with its answers: one per operation, or
@@ -512,11 +594,16 @@ async fn send<C: ConnectionLike>(
     rule: TokenRule,
     batch: Vec<Request>,
 ) -> (Vec<Request>, RedisResult<Vec<RedisResult<i64>>>) {
-    let operations: Vec<(&LockKeys, &str, Operation)> = batch
-        .iter()
-        .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
-        .collect();
-    let answers = scripts::run_batch(&mut conn, &rule, &operations).await;
+    let answers = async {
+        let reply: redis::Value = match command(&rule, &batch, false).query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                command(&rule, &batch, true).query_async(&mut conn).await?
+            }
+            other => other?,
+        };
+        scripts::answers_of(reply, batch.len())
+    }
+    .await;
     (batch, answers)
 }
 

@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod config;
 pub mod errors;
+pub mod holds;
 pub mod keys;
 pub mod read_write;
 mod reply;

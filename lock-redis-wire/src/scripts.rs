@@ -848,12 +848,18 @@ pub async fn run_batch<'a, C: ConnectionLike>(
         }
         other => other?,
     };
+    answers_of(reply, operations.len())
+}
+
+/// The answers of a batch script's call of `count` operations: an integer
+/// alone (a call of one), or an array of integers and error texts.
+pub(crate) fn answers_of(reply: Value, count: usize) -> RedisResult<Vec<RedisResult<i64>>> {
     let replies: Vec<RedisResult<i64>> = match reply {
         Value::Int(one) => vec![Ok(one)],
         Value::Array(many) => many.into_iter().map(operation_answer).collect(),
         other => return Err(unexpected(&other)),
     };
-    if replies.len() != operations.len() {
+    if replies.len() != count {
         return Err(RedisError::from((
             ErrorKind::UnexpectedReturnType,
             "the batch script answered a different number of operations than it was sent",
@@ -978,16 +984,20 @@ pub async fn release<C: ConnectionLike>(
     Ok(reply == 1)
 }
 
-/// The operator's force release: deletes the grant whoever holds it and
-/// publishes the release so waiters need not wait for their next poll.
-/// Returns whether there was a grant.
+/// The operator's force release: deletes the grant whoever holds it (with
+/// a read-write lock's readers and a semaphore's number of permits, which
+/// live beside it) and publishes the release so waiters need not wait for
+/// their next poll. Returns whether there was a grant.
 pub async fn force_release<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
 ) -> RedisResult<bool> {
-    let (deleted, _receivers): (i64, i64) = redis::pipe()
+    let (deleted, _beside, _receivers): (i64, i64, i64) = redis::pipe()
         .cmd("DEL")
         .arg(&keys.lock)
+        .cmd("DEL")
+        .arg(crate::read_write::readers_key(keys))
+        .arg(crate::semaphore::permits_key(keys))
         .cmd("PUBLISH")
         .arg(&keys.channel)
         .arg("released")

@@ -276,8 +276,9 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: Conn,
-    /// Acquires and releases to a single server, coalesced; `None` on a
-    /// cluster, whose keys of one call must share a hash slot, and when
+    /// Acquires and releases to a single server, coalesced, of every mode
+    /// (exclusive locks, permits, read holds, and their extends); `None` on
+    /// a cluster, whose keys of one call must share a hash slot, and when
     /// waiting for replicas (`WAIT` must follow each grant on its connection).
     batcher: Option<Batcher>,
     /// `min_replicas`: how many replicas must have a grant before it counts.
@@ -830,7 +831,7 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         match lease.mode() {
-            Mode::Semaphore { .. } => return self.release_permit(lease).await,
+            Mode::Semaphore { permits } => return self.release_permit(lease, permits).await,
             Mode::Shared => return self.release_read(lease).await,
             _ => {}
         }

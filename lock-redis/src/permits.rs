@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use lock_core::raw::{GiveBack, Grant};
 use lock_core::{Error, Lease, LockKey, Mode, OwnerToken, Result};
-use lock_redis_wire::LockKeys;
-use lock_redis_wire::semaphore::{self, PermitCounter, PermitReply};
+use lock_redis_wire::holds::HoldOperation;
+use lock_redis_wire::semaphore::{self, PermitReply};
+use lock_redis_wire::{Claim, LockKeys};
 
 use crate::RedisBackend;
 
@@ -21,19 +22,39 @@ impl RedisBackend {
     ) -> Result<Grant> {
         let inner = &self.inner;
         let keys = inner.settings.layout.keys(key.as_str());
-        let shared = inner.settings.layout.shared_counter();
-        // The exclusive mode's counter, so that tokens increase across modes.
-        let counter = match inner.cluster {
-            true => PermitCounter::OwnKey,
-            false => PermitCounter::Shared(&shared),
-        };
         // Dropped before its answer, or answered with an error after which
-        // the server may still run it: the permit is given back.
-        let give_back = GiveBack::armed(|| self.give_back_permit(&keys, owner));
-        let reply =
-            semaphore::acquire_permit(&mut inner.conn.clone(), &keys, counter, owner, ttl, permits)
+        // the server may still run it: the permit is given back, behind the
+        // attempt (on the batcher, which sends a claim's operations in order).
+        let reply = match &inner.batcher {
+            Some(batcher) => {
+                let claim = Claim::new(keys, owner);
+                let give_back = GiveBack::armed(|| {
+                    drop(batcher.hold(claim.clone(), HoldOperation::ReleasePermit { permits }))
+                });
+                let operation = HoldOperation::acquire_permit(ttl, permits);
+                let reply = batcher.hold(claim.clone(), operation).await;
+                give_back.disarm_if_answered(&reply);
+                reply.and_then(|answer| {
+                    PermitReply::from_answer(answer)
+                        .ok_or_else(lock_redis_wire::holds::unexpected_answer)
+                })
+            }
+            None => {
+                let give_back = GiveBack::armed(|| self.give_back_permit(&keys, owner, permits));
+                // The exclusive mode's rule, so that tokens increase across modes.
+                let reply = semaphore::acquire_permit(
+                    &mut inner.conn.clone(),
+                    &inner.rule,
+                    &keys,
+                    owner,
+                    ttl,
+                    permits,
+                )
                 .await;
-        give_back.disarm_if_answered(&reply);
+                give_back.disarm_if_answered(&reply);
+                reply
+            }
+        };
         let asked = Mode::semaphore(permits);
         match reply.map_err(|e| self.error(e))? {
             PermitReply::Granted(token) => Ok(Grant::new(token)),
@@ -60,16 +81,14 @@ impl RedisBackend {
     }
 
     pub(crate) async fn extend_permit(&self, lease: &Lease, ttl: Duration) -> Result<()> {
-        let keys = self.inner.settings.layout.keys(lease.key().as_str());
-        let conn = &mut self.inner.conn.clone();
-        let reply = semaphore::extend_permit(conn, &keys, lease.owner(), ttl).await;
+        let operation = HoldOperation::extend_permit(ttl);
+        let reply = self.settle_hold(lease, operation).await;
         self.settled(lease, reply)
     }
 
-    pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<()> {
-        let keys = self.inner.settings.layout.keys(lease.key().as_str());
-        let conn = &mut self.inner.conn.clone();
-        let reply = semaphore::release_permit(conn, &keys, lease.owner()).await;
+    pub(crate) async fn release_permit(&self, lease: &Lease, permits: u32) -> Result<()> {
+        let operation = HoldOperation::ReleasePermit { permits };
+        let reply = self.settle_hold(lease, operation).await;
         self.settled(lease, reply)
     }
 
@@ -90,14 +109,14 @@ impl RedisBackend {
 
     /// Gives back, in a task of its own, the permit an attempt may hold.
     /// Sent on the same connection after the attempt, so it runs after it.
-    fn give_back_permit(&self, keys: &LockKeys, owner: &OwnerToken) {
+    fn give_back_permit(&self, keys: &LockKeys, owner: &OwnerToken, permits: u32) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let (backend, keys, owner) = (self.clone(), keys.clone(), owner.clone());
         runtime.spawn(async move {
             let conn = &mut backend.inner.conn.clone();
-            if let Err(e) = semaphore::release_permit(conn, &keys, &owner).await {
+            if let Err(e) = semaphore::release_permit(conn, &keys, &owner, permits).await {
                 let error = backend.error(e);
                 tracing::debug!(%error, "could not give back a permit that won no lease; its TTL bounds it");
             }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use lock_core::raw::{GiveBack, Grant};
 use lock_core::{Error, Lease, LockKey, Mode, OwnerToken, Result};
-use lock_redis_wire::LockKeys;
+use lock_redis_wire::holds::{self, HoldAnswer, HoldOperation};
 use lock_redis_wire::read_write::{self, ReadReply};
-use lock_redis_wire::semaphore::PermitCounter;
+use lock_redis_wire::{Claim, LockKeys};
 
 use crate::RedisBackend;
 
@@ -22,18 +22,37 @@ impl RedisBackend {
     ) -> Result<Grant> {
         let inner = &self.inner;
         let keys = inner.settings.layout.keys(key.as_str());
-        let shared = inner.settings.layout.shared_counter();
-        // The exclusive mode's counter, so that tokens increase across modes.
-        let counter = match inner.cluster {
-            true => PermitCounter::OwnKey,
-            false => PermitCounter::Shared(&shared),
-        };
         // Dropped before its answer, or answered with an error after which
-        // the server may still run it: the hold is given back.
-        let give_back = GiveBack::armed(|| self.give_back_read(&keys, owner));
-        let reply =
-            read_write::acquire_read(&mut inner.conn.clone(), &keys, counter, owner, ttl).await;
-        give_back.disarm_if_answered(&reply);
+        // the server may still run it: the hold is given back, behind the
+        // attempt (on the batcher, which sends a claim's operations in order).
+        let reply = match &inner.batcher {
+            Some(batcher) => {
+                let claim = Claim::new(keys, owner);
+                let give_back = GiveBack::armed(|| {
+                    drop(batcher.hold(claim.clone(), HoldOperation::ReleaseRead))
+                });
+                let operation = HoldOperation::acquire_read(ttl);
+                let reply = batcher.hold(claim.clone(), operation).await;
+                give_back.disarm_if_answered(&reply);
+                reply.and_then(|answer| {
+                    ReadReply::from_answer(answer).ok_or_else(holds::unexpected_answer)
+                })
+            }
+            None => {
+                let give_back = GiveBack::armed(|| self.give_back_read(&keys, owner));
+                // The exclusive mode's rule, so that tokens increase across modes.
+                let reply = read_write::acquire_read(
+                    &mut inner.conn.clone(),
+                    &inner.rule,
+                    &keys,
+                    owner,
+                    ttl,
+                )
+                .await;
+                give_back.disarm_if_answered(&reply);
+                reply
+            }
+        };
         match reply.map_err(|e| self.error(e))? {
             ReadReply::Granted(token) => Ok(Grant::new(token)),
             ReadReply::Contended(remaining) => Err(Error::Contended {
@@ -49,17 +68,39 @@ impl RedisBackend {
     }
 
     pub(crate) async fn extend_read(&self, lease: &Lease, ttl: Duration) -> Result<()> {
-        let keys = self.inner.settings.layout.keys(lease.key().as_str());
-        let conn = &mut self.inner.conn.clone();
-        let reply = read_write::extend_read(conn, &keys, lease.owner(), ttl).await;
+        let reply = self
+            .settle_hold(lease, HoldOperation::extend_read(ttl))
+            .await;
         self.settled(lease, reply)
     }
 
     pub(crate) async fn release_read(&self, lease: &Lease) -> Result<()> {
-        let keys = self.inner.settings.layout.keys(lease.key().as_str());
-        let conn = &mut self.inner.conn.clone();
-        let reply = read_write::release_read(conn, &keys, lease.owner()).await;
+        let reply = self.settle_hold(lease, HoldOperation::ReleaseRead).await;
         self.settled(lease, reply)
+    }
+
+    /// Extends or releases `lease`'s permit or read hold: on the batcher
+    /// when there is one, else on the shared connection. Whether it held.
+    pub(crate) async fn settle_hold(
+        &self,
+        lease: &Lease,
+        operation: HoldOperation,
+    ) -> redis::RedisResult<bool> {
+        let keys = self.inner.settings.layout.keys(lease.key().as_str());
+        let answer = match &self.inner.batcher {
+            Some(batcher) => {
+                batcher
+                    .hold(Claim::new(keys, lease.owner()), operation)
+                    .await?
+            }
+            None => {
+                let conn = &mut self.inner.conn.clone();
+                // Extends and releases take no token: the rule names no counter.
+                let rule = lock_redis_wire::TokenRule::ClockFloor;
+                holds::run_hold(conn, &rule, &keys, lease.owner(), operation).await?
+            }
+        };
+        Ok(answer == HoldAnswer::Done(true))
     }
 
     /// Gives back, in a task of its own, the read hold an attempt may hold.

@@ -24,8 +24,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::line::Line;
 use super::{Handout, IN_FLIGHT_ON_OWN_SOCKET, Queue, Request};
-use crate::LockKeys;
-use crate::scripts::{self, Operation, TokenRule};
+use crate::scripts::TokenRule;
 
 /// With this many calls on the wire, the server has work to go on with, so
 /// the next call leaves only once [`FULL_ENOUGH`] operations are waiting,
@@ -217,16 +216,7 @@ async fn write_batches(
         if requests.is_empty() {
             break;
         }
-        let operations: Vec<(&LockKeys, &str, Operation)> = requests
-            .iter()
-            .map(|r| (&r.claim.keys, r.claim.owner.as_str(), r.operation))
-            .collect();
-        let call = if with_text {
-            scripts::batch_command_with_text(rule, &operations)
-        } else {
-            scripts::batch_command(rule, &operations)
-        };
-        call.write_packed_command(&mut socket.out);
+        super::command(rule, &requests, with_text).write_packed_command(&mut socket.out);
         on_wire.push_back(Sent {
             requests,
             with_text,
