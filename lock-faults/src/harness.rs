@@ -448,7 +448,11 @@ async fn inject(
     let caught = holder(resource, ttl * 2).await;
     match caught {
         Some(c) => notes.push(format!(
-            "fault struck while client {c} was mid read-modify-write"
+            "fault struck while client {c} was {}",
+            match cell.workload {
+                Workload::Mutex => "mid read-modify-write",
+                _ => "inside the resource",
+            }
         )),
         None => {
             notes.push("no client was caught mid read-modify-write; fault injected anyway".into())
