@@ -19,7 +19,7 @@ use crate::faults::{Action, Backend, Cell, Nodes, duration};
 use crate::history;
 use crate::resource::{Resource, Stats};
 use crate::rng::Rng;
-use crate::workload::Workload;
+use crate::workload::{Hold, Workload};
 use lock_testkit::Net;
 
 /// Settings of a run.
@@ -249,6 +249,18 @@ async fn holder(resource: &Resource, within: Duration) -> Option<u32> {
     None
 }
 
+/// Waits (up to `within`) for a client holding `hold` to be inside the resource.
+async fn writer(resource: &Resource, hold: Hold, within: Duration) -> Option<u32> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(c) = resource.client_inside_as(hold) {
+            return Some(c);
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    None
+}
+
 /// Waits (up to `within`) for a client other than `besides` to enter the
 /// resource after its `since`-th entry, and returns it while it is inside.
 async fn next_entrant(
@@ -444,13 +456,23 @@ async fn inject(
     notes: &mut Vec<String>,
     deaths: &mut Vec<(u32, u64)>,
 ) -> io::Result<(u64, u64)> {
-    // Every fault strikes while a client holds the lock mid-update.
-    let caught = holder(resource, ttl * 2).await;
+    // Every fault strikes while a client holds the lock mid-update; under
+    // a read-write lock, a writer, whose late write is what a fence is for.
+    let wanted = cell.workload.struck_hold();
+    let mut caught = match wanted {
+        Some(hold) => writer(resource, hold, ttl * 2).await,
+        None => None,
+    };
+    if caught.is_none() {
+        caught = holder(resource, ttl * 2).await;
+    }
     match caught {
         Some(c) => notes.push(format!(
             "fault struck while client {c} was {}",
-            match cell.workload {
-                Workload::Mutex => "mid read-modify-write",
+            match (cell.workload, resource.hold_of(c)) {
+                (Workload::Mutex, _) => "mid read-modify-write",
+                (_, Some(Hold::Exclusive)) => "inside the resource, writing",
+                (_, Some(Hold::Shared)) => "inside the resource, reading",
                 _ => "inside the resource",
             }
         )),

@@ -217,6 +217,21 @@ impl Resource {
         self.store.lock().unwrap_or_else(|p| p.into_inner()).last_in
     }
 
+    /// A client inside the resource holding `hold`, if any.
+    pub fn client_inside_as(&self, hold: Hold) -> Option<u32> {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        store
+            .inside
+            .iter()
+            .find_map(|(c, h)| (*h == hold).then_some(*c))
+    }
+
+    /// How a client inside the resource holds the key.
+    pub fn hold_of(&self, client: u32) -> Option<Hold> {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.inside.get(&client).copied()
+    }
+
     /// Entries so far, and the last client to enter.
     pub fn entries(&self) -> (u64, Option<u32>) {
         let store = self.store.lock().unwrap_or_else(|p| p.into_inner());

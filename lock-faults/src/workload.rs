@@ -132,6 +132,16 @@ impl Workload {
         !matches!(self, Workload::Semaphore { .. })
     }
 
+    /// The hold a holder fault strikes, when it matters which: a writer of
+    /// a read-write lock, whose late write a fence must refuse (a paused
+    /// reader has already read). `None`: whoever is inside.
+    pub fn struck_hold(self) -> Option<Hold> {
+        match self {
+            Workload::ReadWrite => Some(Hold::Exclusive),
+            Workload::Mutex | Workload::Semaphore { .. } => None,
+        }
+    }
+
     /// Short name (the `--workload` argument, and the cell's name suffix).
     pub fn name(self) -> String {
         match self {
