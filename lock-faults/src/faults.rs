@@ -287,7 +287,7 @@ pub const FAULTS: &[Fault] = &[
     },
     Fault {
         id: "failover-unreplicated",
-        what: "replica cut off (SIGSTOPped, its link closed), the next grant made by the master alone, the master SIGKILLed: the sentinels promote the replica (SENTINEL FAILOVER at once); that grant's holder is held (SIGSTOP) until another client is granted or a TTL passes, as a longer critical section would be",
+        what: "replica cut off (SIGSTOPped, its link closed), the next grant made by the master alone, the master SIGKILLed: the sentinels promote the replica (SENTINEL FAILOVER at once); that grant's holder is held (SIGSTOP) until another client (under a semaphore of N, N others) is granted or a TTL passes, as a longer critical section would be",
         action: Action::Failover,
     },
     Fault {

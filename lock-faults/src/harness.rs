@@ -575,7 +575,7 @@ async fn inject(
             ));
             Ok((at, now_ns()))
         }
-        Action::Failover => failover(d, resource, clients, ttl, lasts, notes).await,
+        Action::Failover => failover(d, resource, clients, cell.workload, ttl, lasts, notes).await,
         Action::MemberKill { leader } => {
             let Servers::Etcd(cluster) = &*d.servers else {
                 return Err(io::Error::other("member faults need etcd"));
@@ -603,13 +603,14 @@ async fn inject(
 
 /// [`Action::Failover`]: the replica cut off, the next grant made by the
 /// master alone, the master killed, the replica promoted. The holder of
-/// that grant is held (SIGSTOP) until another client is in the middle of
-/// an update or a TTL passes, as a holder with a longer critical section
+/// that grant is held (SIGSTOP) until another client (under a semaphore,
+/// N others) is granted by the new master or a TTL passes, as a holder with a longer critical section
 /// would still be working: it holds until its deadline.
 async fn failover(
     d: &Deployment,
     resource: &Resource,
     clients: &Clients,
+    workload: Workload,
     ttl: Duration,
     lasts: Duration,
     notes: &mut Vec<String>,
@@ -662,16 +663,31 @@ async fn failover(
         "master {old} killed; the sentinels promoted {new}; the old master restarts after {lasts:?}"
     ));
     if let Some(c) = unreplicated {
-        let (since, _) = resource.entries();
-        let other = next_entrant(resource, since, Some(c), ttl).await;
+        // Held until as many others are granted as the mode lets hold
+        // beside nobody (a semaphore: N), or a TTL passes.
+        let wanted = workload.holders_allowed().unwrap_or(1) as usize;
+        let until = Instant::now() + ttl;
+        let mut others: Vec<u32> = Vec::new();
+        let (mut since, _) = resource.entries();
+        while others.len() < wanted && Instant::now() < until {
+            let Some(other) = next_entrant(resource, since, Some(c), until - Instant::now()).await
+            else {
+                break;
+            };
+            since = resource.entries().0;
+            if !others.contains(&other) {
+                others.push(other);
+            }
+        }
         clients.signal(c, Signal::SIGCONT)?;
-        match other {
-            Some(other) => notes.push(format!(
-                "client {c} resumed once client {other} was granted by the new master"
-            )),
-            None => notes.push(format!(
-                "client {c} resumed after a TTL; no other client granted by then"
-            )),
+        if others.len() >= wanted {
+            notes.push(format!(
+                "client {c} resumed once clients {others:?} were granted by the new master"
+            ));
+        } else {
+            notes.push(format!(
+                "client {c} resumed after a TTL; clients {others:?} granted by then (of {wanted} awaited)"
+            ));
         }
     }
     sleep(lasts).await;
