@@ -10,6 +10,9 @@
 #   scripts/faults.sh [--full]           # every fault on every backend; also
 #                                        # regenerates docs/faults/decision-matrix.md
 #   scripts/faults.sh --full --seed 7    # another reproducible schedule
+#   scripts/faults.sh --only semaphore,read-write --modes-into docs/faults/fault-matrix.md
+#                                        # only the semaphore and read-write cells;
+#                                        # replaces their section of the page
 #
 # Exit status: 0 as predicted; 1 a safety violation in a cell predicted
 # safe; 2 a harness error. Timing never fails it.
@@ -18,7 +21,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 args=("$@")
 full=1
-for a in "$@"; do [[ $a == --smoke ]] && full=0; done
+# A partial run (--only) never rewrites the generated pages.
+for a in "$@"; do [[ $a == --smoke || $a == --only ]] && full=0; done
 if ((full)); then args+=(--decision docs/faults/decision-matrix.md); fi
 # The servers (and libfaketime, for the clock-jump cells) come from Debian;
 # the lab starts private instances of its own, never the shared ones.

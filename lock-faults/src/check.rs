@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::clock::ms;
 use crate::history::{Event, Kind, Op};
 use crate::resource::Stats;
+use crate::workload::{Hold, Workload};
 
 /// A grant that certainly happened, and the interval during which its holder
 /// certainly held the lock (as far as the contract goes): from the acquire's
@@ -28,6 +29,8 @@ pub struct Held {
     pub end: u64,
     /// The lease's deadline.
     pub deadline: u64,
+    /// How it held the key.
+    pub hold: Hold,
 }
 
 /// What the checker found in one run.
@@ -35,12 +38,22 @@ pub struct Held {
 pub struct Findings {
     /// Grants that certainly happened.
     pub grants: u64,
-    /// Pairs of "definitely held" intervals of different grants that overlap.
+    /// Overlaps of "definitely held" intervals that the mode forbids:
+    /// pairs of different clients' grants where both are exclusive, or one
+    /// is a writer; for a semaphore, grants that began while N others held.
     pub overlaps: u64,
-    /// The longest such overlap, ms.
+    /// The longest such overlap (a semaphore: the longest time with more
+    /// than N holders), ms.
     pub longest_overlap_ms: f64,
     /// The first overlap, in words.
     pub overlap_example: Option<String>,
+    /// The most "definitely held" intervals at one instant.
+    pub max_holders: u64,
+    /// The most clients inside the resource at once, as the resource saw
+    /// them (a holder paused inside stays inside, whatever the lock says).
+    pub resource_most_inside: u64,
+    /// Entries into the resource that put a writer beside another client.
+    pub resource_writer_overlaps: u64,
     /// Unfenced counter: writes applied minus final value.
     pub lost_updates: u64,
     /// Unfenced writes that completed after their holder's deadline.
@@ -107,6 +120,7 @@ pub fn held_intervals(events: &[Event]) -> Vec<Held> {
                 start: done.at,
                 end: end.max(done.at),
                 deadline,
+                hold: done.hold.unwrap_or(Hold::Exclusive),
             })
         })
         .collect();
@@ -114,13 +128,14 @@ pub fn held_intervals(events: &[Event]) -> Vec<Held> {
     held
 }
 
-/// Overlapping pairs (of different clients): count, longest in ns, first example.
-pub fn overlaps(held: &[Held]) -> (u64, u64, Option<(Held, Held)>) {
+/// Overlapping pairs of different clients whose holds conflict under
+/// `workload`: count, longest in ns, first example.
+pub fn overlaps(held: &[Held], workload: Workload) -> (u64, u64, Option<(Held, Held)>) {
     let (mut count, mut longest, mut first) = (0, 0, None);
     for (i, a) in held.iter().enumerate() {
         for b in held[i + 1..].iter().take_while(|b| b.start < a.end) {
             let overlap = a.end.min(b.end).saturating_sub(b.start);
-            if b.c != a.c && overlap > 0 {
+            if b.c != a.c && overlap > 0 && workload.conflict(a.hold, b.hold) {
                 count += 1;
                 longest = longest.max(overlap);
                 first.get_or_insert((*a, *b));
@@ -128,6 +143,48 @@ pub fn overlaps(held: &[Held]) -> (u64, u64, Option<(Held, Held)>) {
         }
     }
     (count, longest, first)
+}
+
+/// The holders at once, counted by overlap depth (an interval ends before
+/// one that starts at the same instant): the most at one instant, the grants
+/// that began while `allowed` others held, the longest time with more than
+/// `allowed` holders (ns), and the holders at the first such grant.
+pub fn depth(held: &[Held], allowed: u64) -> (u64, u64, u64, Vec<Held>) {
+    let mut edges: Vec<(u64, bool)> = held
+        .iter()
+        .filter(|h| h.end > h.start)
+        .flat_map(|h| [(h.start, true), (h.end, false)])
+        .collect();
+    // At one instant, ends (false) before starts (true).
+    edges.sort_unstable();
+    let (mut now, mut most, mut over, mut longest) = (0u64, 0, 0, 0);
+    let mut above_since = None;
+    let mut first = Vec::new();
+    for (at, starts) in edges {
+        if starts {
+            now += 1;
+            most = most.max(now);
+            if now > allowed {
+                over += 1;
+                above_since.get_or_insert(at);
+                if first.is_empty() {
+                    first = held
+                        .iter()
+                        .filter(|h| h.start <= at && at < h.end)
+                        .copied()
+                        .collect();
+                }
+            }
+        } else {
+            now -= 1;
+            if now <= allowed
+                && let Some(since) = above_since.take()
+            {
+                longest = longest.max(at - since);
+            }
+        }
+    }
+    (most, over, longest, first)
 }
 
 /// Grants whose token does not exceed that of a grant completed before
@@ -168,6 +225,7 @@ pub fn check(
     fault_at: u64,
     end: u64,
     deaths: &[(u32, u64)],
+    workload: Workload,
 ) -> Findings {
     let mut held = held_intervals(events);
     for h in &mut held {
@@ -175,7 +233,9 @@ pub fn check(
             h.end = h.end.min(died).max(h.start);
         }
     }
-    let (overlap_count, longest, example) = overlaps(&held);
+    let (max_holders, over_limit, longest_over, crowd) =
+        depth(&held, workload.holders_allowed().unwrap_or(u64::MAX));
+    let (overlap_count, longest, example) = overlaps(&held, workload);
     let (regression_count, regression) = regressions(&held);
     let deadline_of: HashMap<(u32, u64), u64> =
         held.iter().map(|h| ((h.c, h.n), h.deadline)).collect();
@@ -219,11 +279,39 @@ pub fn check(
             ms(fault_at, b.start)
         )
     };
+    let (overlaps, longest, overlap_example) =
+        if workload.conflict(Hold::Exclusive, Hold::Exclusive) {
+            (
+                overlap_count,
+                longest,
+                example.map(|(a, b)| describe(&a, &b)),
+            )
+        } else {
+            let example = (!crowd.is_empty()).then(|| {
+                let who: Vec<String> = crowd
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "client {} (token {}, +{:.0} to +{:.0} ms)",
+                            h.c,
+                            h.token,
+                            ms(fault_at, h.start),
+                            ms(fault_at, h.end)
+                        )
+                    })
+                    .collect();
+                format!("{} held at once: {}", crowd.len(), who.join(", "))
+            });
+            (over_limit, longest_over, example)
+        };
     Findings {
         grants: held.len() as u64,
-        overlaps: overlap_count,
+        overlaps,
         longest_overlap_ms: longest as f64 / 1e6,
-        overlap_example: example.map(|(a, b)| describe(&a, &b)),
+        overlap_example,
+        max_holders,
+        resource_most_inside: stats.most_inside,
+        resource_writer_overlaps: stats.writer_overlaps,
         lost_updates: stats.writes.saturating_sub(stats.counter),
         late_writes,
         fenced_lost_updates: stats.fenced_writes.saturating_sub(stats.fenced_counter),
@@ -279,7 +367,7 @@ mod tests {
         let held = held_intervals(&h);
         assert_eq!((held[0].start, held[0].end), (5, 50));
         assert_eq!((held[1].start, held[1].end), (60, 90));
-        assert_eq!(overlaps(&held).0, 0);
+        assert_eq!(overlaps(&held, Workload::Mutex).0, 0);
         assert_eq!(regressions(&held).0, 0);
     }
 
@@ -289,7 +377,7 @@ mod tests {
         h.extend(grant(2, 1, 9, 20, 40, 140)); // while 1 still holds, older token
         h.extend(grant(3, 1, 12, 150, 160, 200));
         let held = held_intervals(&h);
-        let (count, longest, first) = overlaps(&held);
+        let (count, longest, first) = overlaps(&held, Workload::Mutex);
         assert_eq!((count, longest), (1, 60));
         let (a, b) = first.unwrap();
         assert_eq!((a.c, b.c), (1, 2));
@@ -302,8 +390,14 @@ mod tests {
     fn a_killed_holder_holds_nothing_after_its_death() {
         let mut h: Vec<Event> = grant(1, 1, 10, 0, 5, 100).into();
         h.extend(grant(2, 1, 11, 6, 40, 140));
-        assert_eq!(check(&h, &Stats::default(), 0, 200, &[]).overlaps, 1);
-        assert_eq!(check(&h, &Stats::default(), 0, 200, &[(1, 30)]).overlaps, 0);
+        assert_eq!(
+            check(&h, &Stats::default(), 0, 200, &[], Workload::Mutex).overlaps,
+            1
+        );
+        assert_eq!(
+            check(&h, &Stats::default(), 0, 200, &[(1, 30)], Workload::Mutex).overlaps,
+            0
+        );
     }
 
     #[test]
@@ -313,7 +407,14 @@ mod tests {
         h.push(Event::new(3, 1, Op::Acquire, Kind::Invoke, 10));
         h.push(Event::new(3, 1, Op::Acquire, Kind::Info, 30));
         h.extend(grant(1, 2, 11, 300, 1_000_000_300, 2_000_000_000));
-        let f = check(&h, &Stats::default(), 100, 3_000_000_000, &[]);
+        let f = check(
+            &h,
+            &Stats::default(),
+            100,
+            3_000_000_000,
+            &[],
+            Workload::Mutex,
+        );
         assert_eq!(f.indeterminate, 2);
         assert_eq!(f.grants, 2);
         // From the fault to the next grant (~1 s), then to the end (~2 s).
@@ -322,5 +423,47 @@ mod tests {
             "{}",
             f.unavailable_ms
         );
+    }
+
+    fn hold(mut events: [Event; 2], hold: Hold) -> [Event; 2] {
+        events[1].hold = Some(hold);
+        events
+    }
+
+    #[test]
+    fn a_semaphore_counts_holders_by_depth_not_by_pairs() {
+        let sem = Workload::Semaphore { permits: 2 };
+        let mut h: Vec<Event> = hold(grant(1, 1, 10, 0, 10, 100), Hold::Permit).into();
+        h.extend(hold(grant(2, 1, 11, 0, 20, 100), Hold::Permit));
+        h.push(release(2, 2, 1, 50));
+        // Begins as 2 ends: never more than two at once.
+        h.extend(hold(grant(3, 1, 12, 0, 50, 100), Hold::Permit));
+        let f = check(&h, &Stats::default(), 0, 200, &[], sem);
+        assert_eq!((f.max_holders, f.overlaps), (2, 0));
+        // A fourth client while three hold (1, 3 and 4, from 60 to 80).
+        h.extend(hold(grant(4, 1, 13, 0, 60, 80), Hold::Permit));
+        let f = check(&h, &Stats::default(), 0, 200, &[], sem);
+        assert_eq!((f.max_holders, f.overlaps), (3, 1));
+        assert!(
+            (f.longest_overlap_ms - 20e-6).abs() < 1e-9,
+            "{}",
+            f.longest_overlap_ms
+        );
+        assert!(f.overlap_example.unwrap().starts_with("3 held at once"));
+        // The same history as a mutex: every pair counts.
+        assert!(check(&h, &Stats::default(), 0, 200, &[], Workload::Mutex).overlaps >= 3);
+    }
+
+    #[test]
+    fn readers_overlap_readers_but_no_writer_overlaps_anyone() {
+        let rw = Workload::ReadWrite;
+        let mut h: Vec<Event> = hold(grant(2, 1, 10, 0, 10, 100), Hold::Shared).into();
+        h.extend(hold(grant(3, 1, 11, 0, 20, 100), Hold::Shared));
+        let f = check(&h, &Stats::default(), 0, 200, &[], rw);
+        assert_eq!((f.max_holders, f.overlaps), (2, 0));
+        h.extend(hold(grant(1, 1, 12, 0, 90, 150), Hold::Exclusive));
+        let f = check(&h, &Stats::default(), 0, 200, &[], rw);
+        assert_eq!((f.max_holders, f.overlaps), (3, 2));
+        assert!(f.overlap_example.unwrap().contains("client 1 (token 12)"));
     }
 }

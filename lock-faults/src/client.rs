@@ -1,5 +1,7 @@
-//! One client process of the workload: acquire, read-modify-write the
-//! protected resource, release; every step recorded on the shared clock.
+//! One client process of the workload: acquire in the workload's mode,
+//! use the protected resource (an exclusive holder or writer: a
+//! read-modify-write; a reader: a fenced read; a permit holder: its turn
+//! inside), release; every step recorded on the shared clock.
 
 use lockkit::Wait;
 use std::io;
@@ -16,6 +18,7 @@ use tokio::time::{sleep, timeout};
 use crate::clock::{instant_ns, now_ns};
 use crate::history::{Event, Kind, Op, Recorder};
 use crate::rng::Rng;
+use crate::workload::{Hold, Workload};
 
 /// What one client does; passed on its command line by the harness.
 #[derive(Debug, Clone, clap::Args)]
@@ -50,6 +53,10 @@ pub struct ClientArgs {
     /// The schedule's seed.
     #[arg(long)]
     pub seed: u64,
+    /// The lock mode: `mutex`, `semaphore-N` or `read-write` (this client
+    /// writes if it is the first of each three).
+    #[arg(long, default_value = "mutex")]
+    pub workload: Workload,
 }
 
 struct Conn {
@@ -104,6 +111,8 @@ pub async fn run(args: ClientArgs) -> io::Result<()> {
     let wait = Duration::from_millis(args.wait_ms);
     let bound = wait + ttl + Duration::from_secs(5);
     let c = args.id;
+    let hold = args.workload.hold_of(c);
+    let mode = args.workload.mode_of(c);
     let mut n = 0u64;
     let mut next = || {
         n += 1;
@@ -122,12 +131,17 @@ pub async fn run(args: ClientArgs) -> io::Result<()> {
     while !stop.load(Ordering::SeqCst) {
         let a = next();
         rec.record(&Event::new(c, a, Op::Acquire, Kind::Invoke, now_ns()))?;
-        let lease = match timeout(bound, locker.acquire(&args.key, ttl, Wait::at_most(wait))).await
+        let lease = match timeout(
+            bound,
+            locker.acquire_in(&args.key, mode, ttl, Wait::at_most(wait)),
+        )
+        .await
         {
             Ok(Ok(lease)) => {
                 rec.record(&Event {
                     token: Some(lease.fencing_token().get()),
                     deadline: Some(instant_ns(lease.deadline())),
+                    hold: Some(hold),
                     ..Event::new(c, a, Op::Acquire, Kind::Ok, now_ns())
                 })?;
                 Some(lease)
@@ -158,12 +172,51 @@ pub async fn run(args: ClientArgs) -> io::Result<()> {
             continue;
         };
         {
-            if lease.is_within_deadline() {
-                let token = lease.fencing_token().get();
-                let under = |op, kind, at| Event {
-                    grant: Some(a),
-                    ..Event::new(c, 0, op, kind, at)
+            let token = lease.fencing_token().get();
+            let under = |op, kind, at| Event {
+                grant: Some(a),
+                ..Event::new(c, 0, op, kind, at)
+            };
+            if lease.is_within_deadline() && hold != Hold::Exclusive {
+                // A reader reads the fenced store as it enters; a permit
+                // holder just takes its turn inside.
+                let e = next();
+                rec.record(&Event {
+                    n: e,
+                    token: Some(token),
+                    hold: Some(hold),
+                    ..under(Op::Enter, Kind::Invoke, now_ns())
+                })?;
+                let reply = res.ask(format!("IN {c} {token} {}", hold.letter())).await?;
+                let (kind, v) = match hold {
+                    Hold::Shared => match value(&reply)? {
+                        Some(v) => (Kind::Ok, Some(v)),
+                        None => (Kind::Fail, None),
+                    },
+                    _ if reply == "OK" => (Kind::Ok, None),
+                    _ => return Err(io::Error::other(format!("resource answered {reply:?}"))),
                 };
+                rec.record(&Event {
+                    n: e,
+                    token: Some(token),
+                    value: v,
+                    err: (kind == Kind::Fail).then_some(reply),
+                    ..under(Op::Enter, kind, now_ns())
+                })?;
+                if kind == Kind::Ok {
+                    sleep(Duration::from_millis(args.work_ms)).await;
+                    let l = next();
+                    rec.record(&Event {
+                        n: l,
+                        ..under(Op::Leave, Kind::Invoke, now_ns())
+                    })?;
+                    res.ask(format!("OUT {c}")).await?;
+                    rec.record(&Event {
+                        n: l,
+                        ..under(Op::Leave, Kind::Ok, now_ns())
+                    })?;
+                }
+            } else if lease.is_within_deadline() {
                 // Unfenced read.
                 let r = next();
                 rec.record(&Event {

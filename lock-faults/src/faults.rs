@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::workload::Workload;
+
 /// The backends under test (each on private servers of its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -154,13 +156,27 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    /// The literature's verdict, as the matrix marks it.
-    pub fn label(&self) -> &'static str {
-        match (self.mutex && self.unfenced, self.fenced) {
-            (true, true) => "safe",
-            (false, true) => "unsafe without fencing, safe with it",
-            (_, false) => "unsafe",
+    /// The literature's verdict for `workload`, as the matrix marks it. A
+    /// mode's prediction is the exclusive lock's on the same backend and
+    /// fault: each mode's grants are made, expire and are lost as the
+    /// exclusive lock's are, so its limit rests on the same things.
+    pub fn label(&self, workload: Workload) -> &'static str {
+        verdict(workload, self.mutex && self.unfenced, self.fenced)
+    }
+}
+
+/// A verdict in the matrix's words: whether the mode's limit held at the
+/// resource (and no update was lost), and whether the fenced store and the
+/// tokens stayed clean.
+pub fn verdict(workload: Workload, limit_held: bool, fence_clean: bool) -> &'static str {
+    match (limit_held, fence_clean) {
+        (true, true) => "safe",
+        (false, true) if workload.fence_protects() => "unsafe without fencing, safe with it",
+        // One highest token cannot tell a stale permit from N current ones.
+        (false, true) => {
+            "unsafe: more than N at once (no fence refuses a stale permit); tokens still increase"
         }
+        (_, false) => "unsafe",
     }
 }
 
@@ -271,7 +287,7 @@ pub const FAULTS: &[Fault] = &[
     },
     Fault {
         id: "failover-unreplicated",
-        what: "replica cut off (SIGSTOPped, its link closed), the next grant made by the master alone, the master SIGKILLed: the sentinels promote the replica (SENTINEL FAILOVER at once); that grant's holder is held (SIGSTOP) until another client is granted or a TTL passes, as a longer critical section would be",
+        what: "replica cut off (SIGSTOPped, its link closed), the next grant made by the master alone, the master SIGKILLed: the sentinels promote the replica (SENTINEL FAILOVER at once); that grant's holder is held (SIGSTOP) until another client (under a semaphore of N, N others) is granted or a TTL passes, as a longer critical section would be",
         action: Action::Failover,
     },
     Fault {
@@ -435,9 +451,54 @@ pub struct Cell {
     pub fault: &'static Fault,
     /// Prediction.
     pub prediction: Prediction,
+    /// The lock mode the clients contend in.
+    pub workload: Workload,
 }
 
-/// Every applicable (backend, fault) pair, or the smoke subset.
+impl Cell {
+    /// `backend/fault/workload`, as `--only` matches it.
+    pub fn name(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.backend.name(),
+            self.fault.id,
+            self.workload
+        )
+    }
+}
+
+/// The cells of each mode (semaphore, read-write): on each backend, a
+/// holder paused past its TTL and the server-side fault the exclusive lock
+/// is most sensitive to. Listed for every backend: a cell runs where the
+/// backend's `capabilities().offer(..)` offers the mode, and is marked
+/// "not offered" elsewhere.
+const MODE_FAULTS: &[(&str, Backend)] = &[
+    ("holder-pause", Backend::Redis),
+    ("restart-now", Backend::Redis),
+    ("holder-pause", Backend::Redlock),
+    ("restart-majority-now", Backend::Redlock),
+    ("holder-pause", Backend::Etcd),
+    ("leader-kill", Backend::Etcd),
+    ("holder-pause", Backend::Postgres),
+    ("restart-now-persistent", Backend::Postgres),
+    ("failover-unreplicated", Backend::RedisSentinel),
+    ("failover-unreplicated", Backend::RedisSentinelWait),
+];
+
+/// The mode cells of the smoke schedule (CI time is short: two cells).
+const MODE_SMOKE: &[(&str, Backend, Workload)] = &[
+    (
+        "holder-pause",
+        Backend::Redis,
+        Workload::Semaphore {
+            permits: crate::workload::PERMITS,
+        },
+    ),
+    ("restart-now", Backend::Redis, Workload::ReadWrite),
+];
+
+/// Every applicable (backend, fault) pair with the plain lock, then the
+/// mode cells; or the smoke subset.
 pub fn schedule(smoke: bool) -> Vec<Cell> {
     const SMOKE: &[(&str, Backend)] = &[
         ("holder-pause", Backend::Redis),
@@ -461,7 +522,27 @@ pub fn schedule(smoke: bool) -> Vec<Cell> {
                     backend,
                     fault,
                     prediction,
+                    workload: Workload::Mutex,
                 });
+            }
+        }
+    }
+    for workload in Workload::MODES {
+        for fault in FAULTS {
+            for backend in Backend::ALL {
+                let chosen = if smoke {
+                    MODE_SMOKE.contains(&(fault.id, backend, workload))
+                } else {
+                    MODE_FAULTS.contains(&(fault.id, backend))
+                };
+                if let Some(prediction) = predict(backend, fault).filter(|_| chosen) {
+                    cells.push(Cell {
+                        backend,
+                        fault,
+                        prediction,
+                        workload,
+                    });
+                }
             }
         }
     }
@@ -475,7 +556,10 @@ mod tests {
     #[test]
     fn a_sentinel_deployment_takes_only_the_failover_and_smoke_one_cell_of_it() {
         let sentinel = |b| matches!(b, Backend::RedisSentinel | Backend::RedisSentinelWait);
-        let full = schedule(false);
+        let full: Vec<Cell> = schedule(false)
+            .into_iter()
+            .filter(|c| c.workload == Workload::Mutex)
+            .collect();
         for cell in &full {
             assert_eq!(
                 sentinel(cell.backend),
@@ -488,5 +572,37 @@ mod tests {
         assert_eq!(full.iter().filter(|c| sentinel(c.backend)).count(), 2);
         let smoke = schedule(true);
         assert_eq!(smoke.iter().filter(|c| sentinel(c.backend)).count(), 1);
+    }
+
+    #[test]
+    fn every_mode_cell_exists_as_a_plain_lock_cell_and_smoke_adds_two() {
+        let full = schedule(false);
+        let modes: Vec<&Cell> = full
+            .iter()
+            .filter(|c| c.workload != Workload::Mutex)
+            .collect();
+        assert_eq!(modes.len(), MODE_FAULTS.len() * Workload::MODES.len());
+        for m in &modes {
+            assert!(full.iter().any(|c| c.workload == Workload::Mutex
+                && c.backend == m.backend
+                && c.fault.id == m.fault.id));
+        }
+        let smoke = schedule(true);
+        let plain = smoke
+            .iter()
+            .filter(|c| c.workload == Workload::Mutex)
+            .count();
+        assert_eq!((plain, smoke.len() - plain), (9, 2));
+    }
+
+    #[test]
+    fn a_permit_is_not_promised_the_fence_a_writer_is() {
+        let pause = FAULTS.iter().find(|f| f.id == "holder-pause").unwrap();
+        let p = predict(Backend::Redis, pause).unwrap();
+        assert_eq!(p.label(Workload::ReadWrite), p.label(Workload::Mutex));
+        assert!(
+            p.label(Workload::Semaphore { permits: 2 })
+                .contains("more than N")
+        );
     }
 }

@@ -19,6 +19,7 @@ use crate::faults::{Action, Backend, Cell, Nodes, duration};
 use crate::history;
 use crate::resource::{Resource, Stats};
 use crate::rng::Rng;
+use crate::workload::{Hold, Workload};
 use lock_testkit::Net;
 
 /// Settings of a run.
@@ -43,6 +44,8 @@ pub struct Outcome {
     pub fault: &'static str,
     /// Fault in words.
     pub what: &'static str,
+    /// The lock mode the clients contended in.
+    pub workload: Workload,
     /// The prediction.
     pub prediction: crate::faults::Prediction,
     /// What the checker found (absent when the cell did not run).
@@ -67,12 +70,21 @@ impl Outcome {
         };
         let mut v = Vec::new();
         if p.mutex && f.overlaps > 0 {
-            v.push(format!(
-                "{} overlapping held intervals (longest {:.1} ms): {}",
-                f.overlaps,
-                f.longest_overlap_ms,
-                f.overlap_example.as_deref().unwrap_or("")
-            ));
+            v.push(match self.workload {
+                Workload::Semaphore { permits } => format!(
+                    "{} grants while {permits} others held (at most {} at once; above {permits} for {:.1} ms at the longest): {}",
+                    f.overlaps,
+                    f.max_holders,
+                    f.longest_overlap_ms,
+                    f.overlap_example.as_deref().unwrap_or("")
+                ),
+                _ => format!(
+                    "{} overlapping held intervals (longest {:.1} ms): {}",
+                    f.overlaps,
+                    f.longest_overlap_ms,
+                    f.overlap_example.as_deref().unwrap_or("")
+                ),
+            });
         }
         if p.fenced && f.stale_writes_accepted > 0 {
             v.push(format!(
@@ -169,6 +181,7 @@ async fn spawn_clients(
     resource: &Resource,
     dir: &Path,
     key: &str,
+    workload: Workload,
 ) -> io::Result<Clients> {
     let exe = std::env::current_exe()?;
     let ttl_ms = settings.ttl.as_millis() as u64;
@@ -211,6 +224,7 @@ async fn spawn_clients(
             .arg("--history")
             .arg(dir.join(format!("client-{id}.jsonl")))
             .args(["--seed", &settings.seed.to_string()])
+            .args(["--workload", &workload.name()])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -221,17 +235,71 @@ async fn spawn_clients(
     Ok(Clients { children })
 }
 
-/// Waits (up to `within`) for a client to be between its fenced read and
-/// its write, i.e. holding the lock with the resource half-updated.
+/// Waits (up to `within`) for a client to be inside the resource: an
+/// exclusive holder between its fenced read and its write (the resource
+/// half-updated), a reader or a permit holder during its turn.
 async fn holder(resource: &Resource, within: Duration) -> Option<u32> {
     let until = Instant::now() + within;
     while Instant::now() < until {
-        if let Some(c) = resource.client_in_rmw() {
+        if let Some(c) = resource.client_inside() {
             return Some(c);
         }
         sleep(Duration::from_millis(1)).await;
     }
     None
+}
+
+/// Waits (up to `within`) for a client holding `hold` to be inside the resource.
+async fn writer(resource: &Resource, hold: Hold, within: Duration) -> Option<u32> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(c) = resource.client_inside_as(hold) {
+            return Some(c);
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    None
+}
+
+/// Waits (up to `within`) for a client other than `besides` to enter the
+/// resource after its `since`-th entry, and returns it while it is inside.
+async fn next_entrant(
+    resource: &Resource,
+    since: u64,
+    besides: Option<u32>,
+    within: Duration,
+) -> Option<u32> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let (entries, Some(c)) = resource.entries()
+            && entries > since
+            && Some(c) != besides
+        {
+            return Some(c);
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    None
+}
+
+/// Whether the cell's backend offers its mode, read from the capabilities
+/// of a client connected to its servers; `Err` names the refusal.
+async fn offered(
+    url: &str,
+    workload: Workload,
+    within: Duration,
+) -> io::Result<Result<(), String>> {
+    let locker = timeout(within, lockkit::connect(url))
+        .await
+        .map_err(|_| io::Error::other(format!("no connection within {within:?}")))?
+        .map_err(io::Error::other)?;
+    let mode = workload.mode();
+    let offer = locker.capabilities().offer(&mode);
+    Ok(if offer.is_offered() {
+        Ok(())
+    } else {
+        Err(format!("not offered ({mode}: {offer})"))
+    })
 }
 
 /// Runs one cell; never panics on a server or client failure (it becomes
@@ -243,6 +311,7 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
         backend: cell.backend,
         fault: cell.fault.id,
         what: cell.fault.what,
+        workload: cell.workload,
         prediction: cell.prediction,
         findings: None,
         stats: None,
@@ -252,10 +321,14 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
         error: None,
     };
     let dir = settings.dir.join(format!(
-        "{:02}-{}-{}",
+        "{:02}-{}-{}{}",
         index,
         cell.backend.name().split(' ').next().unwrap_or("x"),
-        cell.fault.id
+        cell.fault.id,
+        match cell.workload {
+            Workload::Mutex => String::new(),
+            w => format!("-{w}"),
+        }
     ));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         outcome.error = Some(format!("cannot create {}: {e}", dir.display()));
@@ -277,6 +350,19 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
             return outcome;
         }
     };
+    if cell.workload != Workload::Mutex {
+        match offered(&deployment.url, cell.workload, ttl * 5).await {
+            Ok(Ok(())) => {}
+            Ok(Err(refused)) => {
+                outcome.skipped = Some(refused);
+                return outcome;
+            }
+            Err(e) => {
+                outcome.error = Some(format!("reading the backend's capabilities: {e}"));
+                return outcome;
+            }
+        }
+    }
     let resource = match Resource::start().await {
         Ok(r) => r,
         Err(e) => {
@@ -285,13 +371,14 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
         }
     };
     let key = format!("faults/{}/{}", cell.fault.id, settings.seed);
-    let clients = match spawn_clients(settings, &deployment, &resource, &dir, &key).await {
-        Ok(c) => c,
-        Err(e) => {
-            outcome.error = Some(format!("spawning clients: {e}"));
-            return outcome;
-        }
-    };
+    let clients =
+        match spawn_clients(settings, &deployment, &resource, &dir, &key, cell.workload).await {
+            Ok(c) => c,
+            Err(e) => {
+                outcome.error = Some(format!("spawning clients: {e}"));
+                return outcome;
+            }
+        };
     let mut rng = Rng::new(settings.seed, index as u64);
     sleep(Duration::from_millis(1500 + rng.below(500))).await;
 
@@ -341,7 +428,7 @@ pub async fn run_cell(index: usize, cell: Cell, settings: &Settings) -> Outcome 
         }
     }
     let stats = resource.stats();
-    let findings = check(&events, &stats, fault_at, end, &deaths);
+    let findings = check(&events, &stats, fault_at, end, &deaths, cell.workload);
     if findings.grants == 0 {
         outcome.error.get_or_insert(
             "no grant in the whole run: the workload never ran (see client-*.stderr)".into(),
@@ -369,11 +456,25 @@ async fn inject(
     notes: &mut Vec<String>,
     deaths: &mut Vec<(u32, u64)>,
 ) -> io::Result<(u64, u64)> {
-    // Every fault strikes while a client holds the lock mid-update.
-    let caught = holder(resource, ttl * 2).await;
+    // Every fault strikes while a client holds the lock mid-update; under
+    // a read-write lock, a writer, whose late write is what a fence is for.
+    let wanted = cell.workload.struck_hold();
+    let mut caught = match wanted {
+        Some(hold) => writer(resource, hold, ttl * 2).await,
+        None => None,
+    };
+    if caught.is_none() {
+        caught = holder(resource, ttl * 2).await;
+    }
     match caught {
         Some(c) => notes.push(format!(
-            "fault struck while client {c} was mid read-modify-write"
+            "fault struck while client {c} was {}",
+            match (cell.workload, resource.hold_of(c)) {
+                (Workload::Mutex, _) => "mid read-modify-write",
+                (_, Some(Hold::Exclusive)) => "inside the resource, writing",
+                (_, Some(Hold::Shared)) => "inside the resource, reading",
+                _ => "inside the resource",
+            }
         )),
         None => {
             notes.push("no client was caught mid read-modify-write; fault injected anyway".into())
@@ -397,6 +498,7 @@ async fn inject(
             let at = now_ns();
             if !pause {
                 deaths.push((c, at));
+                resource.died(c);
             }
             if pause {
                 sleep(lasts).await;
@@ -473,7 +575,7 @@ async fn inject(
             ));
             Ok((at, now_ns()))
         }
-        Action::Failover => failover(d, resource, clients, ttl, lasts, notes).await,
+        Action::Failover => failover(d, resource, clients, cell.workload, ttl, lasts, notes).await,
         Action::MemberKill { leader } => {
             let Servers::Etcd(cluster) = &*d.servers else {
                 return Err(io::Error::other("member faults need etcd"));
@@ -501,13 +603,14 @@ async fn inject(
 
 /// [`Action::Failover`]: the replica cut off, the next grant made by the
 /// master alone, the master killed, the replica promoted. The holder of
-/// that grant is held (SIGSTOP) until another client is in the middle of
-/// an update or a TTL passes, as a holder with a longer critical section
+/// that grant is held (SIGSTOP) until another client (under a semaphore,
+/// N others) is granted by the new master or a TTL passes, as a holder with a longer critical section
 /// would still be working: it holds until its deadline.
 async fn failover(
     d: &Deployment,
     resource: &Resource,
     clients: &Clients,
+    workload: Workload,
     ttl: Duration,
     lasts: Duration,
     notes: &mut Vec<String>,
@@ -523,12 +626,9 @@ async fn failover(
             Ok(old)
         })
         .await?;
-    // The holder caught before the cut was replicated: wait for the next one.
-    let until = Instant::now() + ttl * 2;
-    while resource.client_in_rmw().is_some() && Instant::now() < until {
-        sleep(Duration::from_millis(1)).await;
-    }
-    let unreplicated = holder(resource, ttl * 2).await;
+    // Holders caught before the cut were replicated: wait for the next entrant.
+    let (since, _) = resource.entries();
+    let unreplicated = next_entrant(resource, since, None, ttl * 4).await;
     match unreplicated {
         Some(c) => {
             clients.signal(c, Signal::SIGSTOP)?;
@@ -563,18 +663,31 @@ async fn failover(
         "master {old} killed; the sentinels promoted {new}; the old master restarts after {lasts:?}"
     ));
     if let Some(c) = unreplicated {
+        // Held until as many others are granted as the mode lets hold
+        // beside nobody (a semaphore: N), or a TTL passes.
+        let wanted = workload.holders_allowed().unwrap_or(1) as usize;
         let until = Instant::now() + ttl;
-        while resource.client_in_rmw().is_none_or(|other| other == c) && Instant::now() < until {
-            sleep(Duration::from_millis(1)).await;
+        let mut others: Vec<u32> = Vec::new();
+        let (mut since, _) = resource.entries();
+        while others.len() < wanted && Instant::now() < until {
+            let Some(other) = next_entrant(resource, since, Some(c), until - Instant::now()).await
+            else {
+                break;
+            };
+            since = resource.entries().0;
+            if !others.contains(&other) {
+                others.push(other);
+            }
         }
         clients.signal(c, Signal::SIGCONT)?;
-        match resource.client_in_rmw().filter(|other| *other != c) {
-            Some(other) => notes.push(format!(
-                "client {c} resumed once client {other} was granted by the new master"
-            )),
-            None => notes.push(format!(
-                "client {c} resumed after a TTL; no other client granted by then"
-            )),
+        if others.len() >= wanted {
+            notes.push(format!(
+                "client {c} resumed once clients {others:?} were granted by the new master"
+            ));
+        } else {
+            notes.push(format!(
+                "client {c} resumed after a TTL; clients {others:?} granted by then (of {wanted} awaited)"
+            ));
         }
     }
     sleep(lasts).await;

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::workload::Hold;
+
 /// What a client did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -22,6 +24,11 @@ pub enum Op {
     FencedRead,
     /// Write the fenced store, presenting the token.
     FencedWrite,
+    /// A reader or permit holder enters the resource (a reader's read is
+    /// fenced against writers).
+    Enter,
+    /// It leaves.
+    Leave,
     /// `Locker::release`.
     Release,
 }
@@ -64,6 +71,9 @@ pub struct Event {
     /// The lease's deadline on the shared clock (acquire completions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<u64>,
+    /// How the grant holds the key (acquire completions; absent: exclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
     /// Value read or written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<u64>,
@@ -84,6 +94,7 @@ impl Event {
             grant: None,
             token: None,
             deadline: None,
+            hold: None,
             value: None,
             err: None,
         }

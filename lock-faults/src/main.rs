@@ -11,6 +11,7 @@ mod history;
 mod report;
 mod resource;
 mod rng;
+mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,7 +39,8 @@ enum Cmd {
         /// The schedule's seed: client think times, fault timing, nodes hit.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Only cells whose "backend/fault" contains this.
+        /// Only cells whose "backend/fault/workload" contains one of these
+        /// (comma-separated), e.g. `redis/holder` or `semaphore,read-write`.
         #[arg(long)]
         only: Option<String>,
         /// Report folder (default `target/lockkit-faults/<run id>`).
@@ -47,6 +49,11 @@ enum Cmd {
         /// Also write the decision-matrix section here (docs/faults/decision-matrix.md).
         #[arg(long)]
         decision: Option<PathBuf>,
+        /// Put this run's semaphore and read-write section into this fault
+        /// matrix page (docs/faults/fault-matrix.md), in place of the one
+        /// there, leaving the rest of the page as it is.
+        #[arg(long)]
+        modes_into: Option<PathBuf>,
     },
     /// One workload client (started by `run`).
     Client(client::ClientArgs),
@@ -75,13 +82,14 @@ fn main() -> ExitCode {
             only,
             out,
             decision,
+            modes_into,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(run(smoke, seed, only, out, decision))
+            rt.block_on(run(smoke, seed, only, out, decision, modes_into))
         }
     }
 }
@@ -92,6 +100,7 @@ async fn run(
     only: Option<String>,
     out: Option<PathBuf>,
     decision: Option<PathBuf>,
+    modes_into: Option<PathBuf>,
 ) -> ExitCode {
     let schedule = if smoke { "smoke" } else { "full" };
     let run_id = format!(
@@ -115,7 +124,7 @@ async fn run(
         .into_iter()
         .filter(|c| {
             only.as_ref()
-                .is_none_or(|o| format!("{}/{}", c.backend.name(), c.fault.id).contains(o.as_str()))
+                .is_none_or(|o| o.split(',').any(|part| c.name().contains(part)))
         })
         .collect();
     eprintln!(
@@ -130,16 +139,18 @@ async fn run(
         seed,
         settings.ttl.as_millis() as u64,
         settings.clients,
+        only,
     );
     let mut outcomes = Vec::new();
     for (i, cell) in cells.into_iter().enumerate() {
         let started = std::time::Instant::now();
         let outcome = harness::run_cell(i, cell, &settings).await;
         eprintln!(
-            "  [{:>2}] {:<12} {:<24} {:<38} {:>5.1} s{}",
+            "  [{:>2}] {:<12} {:<24} {:<12} {:<38} {:>5.1} s{}",
             i,
             cell.backend.name(),
             cell.fault.id,
+            cell.workload.name(),
             report::observed(&outcome),
             started.elapsed().as_secs_f64(),
             match (outcome.violations().len(), &outcome.error, &outcome.skipped) {
@@ -177,6 +188,14 @@ async fn run(
             .map_or(Ok(()), std::fs::create_dir_all)
             .and_then(|()| std::fs::write(&path, text))
             .and_then(|()| std::fs::write(path.with_file_name("fault-matrix.md"), &md))
+        {
+            eprintln!("lock-faults: cannot write {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(path) = modes_into {
+        let page = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Err(e) = std::fs::write(&path, report::replace_modes(&page, &provenance, &outcomes))
         {
             eprintln!("lock-faults: cannot write {}: {e}", path.display());
             return ExitCode::from(2);

@@ -6,8 +6,14 @@ use std::process::Command;
 
 use serde::Serialize;
 
-use crate::faults::{Backend, FAULTS};
+use crate::check::Findings;
+use crate::faults::{Backend, FAULTS, verdict};
 use crate::harness::Outcome;
+use crate::workload::Workload;
+
+/// Where a partial run puts its mode section in a fault matrix page.
+const MODES_BEGIN: &str = "<!-- modes:begin -->";
+const MODES_END: &str = "<!-- modes:end -->";
 
 /// Where and how a run was made.
 #[derive(Debug, Clone, Serialize)]
@@ -28,6 +34,8 @@ pub struct Provenance {
     pub commit: String,
     /// The command that reproduces it.
     pub command: String,
+    /// The cells' filter, when the run took only some.
+    pub only: Option<String>,
 }
 
 fn sh(cmd: &str, args: &[&str]) -> String {
@@ -42,7 +50,14 @@ fn sh(cmd: &str, args: &[&str]) -> String {
 
 impl Provenance {
     /// Reads the machine and the commit.
-    pub fn collect(run: String, schedule: &str, seed: u64, ttl_ms: u64, clients: u32) -> Self {
+    pub fn collect(
+        run: String,
+        schedule: &str,
+        seed: u64,
+        ttl_ms: u64,
+        clients: u32,
+        only: Option<String>,
+    ) -> Self {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|s| {
@@ -59,7 +74,12 @@ impl Provenance {
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
         Provenance {
-            command: format!("scripts/faults.sh --{schedule} --seed {seed}"),
+            command: format!(
+                "scripts/faults.sh --{schedule} --seed {seed}{}",
+                only.as_ref()
+                    .map_or(String::new(), |o| format!(" --only {o}"))
+            ),
+            only,
             run,
             schedule: schedule.into(),
             seed,
@@ -82,11 +102,16 @@ pub fn observed(o: &Outcome) -> &'static str {
     };
     let fence_clean =
         f.stale_writes_accepted == 0 && f.token_regressions == 0 && f.fenced_lost_updates == 0;
-    match (f.overlaps > 0 || f.lost_updates > 0, fence_clean) {
-        (_, false) => "unsafe",
-        (true, true) => "unsafe without fencing, safe with it",
-        (false, true) => "safe",
-    }
+    verdict(o.workload, limit_held(o.workload, f), fence_clean)
+}
+
+/// No overlap the mode forbids, in the lock's history or at the resource,
+/// and no lost update.
+fn limit_held(workload: Workload, f: &Findings) -> bool {
+    let crowded = workload
+        .holders_allowed()
+        .is_some_and(|n| f.resource_most_inside > n);
+    f.overlaps == 0 && f.lost_updates == 0 && !crowded && f.resource_writer_overlaps == 0
 }
 
 fn mark(o: &Outcome) -> &'static str {
@@ -96,7 +121,7 @@ fn mark(o: &Outcome) -> &'static str {
         "– not run"
     } else if !o.violations().is_empty() {
         "✗ VIOLATION"
-    } else if observed(o) == o.prediction.label() {
+    } else if observed(o) == o.prediction.label(o.workload) {
         "✓ as predicted"
     } else {
         "✓ no violation (the predicted failure did not occur in this run)"
@@ -136,7 +161,7 @@ fn short(o: &Outcome) -> String {
         ),
         Some(f) => format!(
             "{sym} {} — ovl {}, lost {}, stale {}/{}, regr {}, unavail {:.1} s",
-            o.prediction.label(),
+            o.prediction.label(o.workload),
             f.overlaps,
             f.lost_updates,
             f.stale_writes_rejected + f.stale_reads_rejected,
@@ -166,7 +191,10 @@ pub fn matrix_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
     }
     let _ = writeln!(md, "\n|---|{}", "---|".repeat(Backend::ALL.len()));
     for fault in FAULTS {
-        let row: Vec<&Outcome> = outcomes.iter().filter(|o| o.fault == fault.id).collect();
+        let row: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| o.fault == fault.id && o.workload == Workload::Mutex)
+            .collect();
         if row.is_empty() {
             continue;
         }
@@ -183,14 +211,36 @@ pub fn matrix_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
         }
         let _ = writeln!(md);
     }
+    if outcomes.iter().any(|o| o.workload != Workload::Mutex) {
+        let _ = writeln!(
+            md,
+            "\n{MODES_BEGIN}\n{}{MODES_END}",
+            modes_markdown(p, outcomes)
+        );
+    }
     let _ = writeln!(md, "\n## Cells in detail\n");
     for o in outcomes {
-        let _ = writeln!(md, "### {} × `{}` — {}\n", o.backend, o.fault, mark(o));
+        let _ = writeln!(
+            md,
+            "### {} × `{}`{} — {}\n",
+            o.backend,
+            o.fault,
+            match o.workload {
+                Workload::Mutex => String::new(),
+                w => format!(" × {w}"),
+            },
+            mark(o)
+        );
         let _ = writeln!(md, "- fault: {}", o.what);
         let _ = writeln!(
             md,
-            "- predicted: **{}** ({})",
-            o.prediction.label(),
+            "- predicted: **{}** ({}{})",
+            o.prediction.label(o.workload),
+            if o.workload == Workload::Mutex {
+                ""
+            } else {
+                "as the exclusive lock's on this backend and fault: "
+            },
             o.prediction.why
         );
         let _ = writeln!(md, "- observed: **{}**: {}", observed(o), figures(o));
@@ -205,6 +255,13 @@ pub fn matrix_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
                 f.fenced_lost_updates,
                 o.bound_ms / 1e3
             );
+            if o.workload != Workload::Mutex {
+                let _ = writeln!(
+                    md,
+                    "- held at once: at most {} by the lock's history, {} inside the resource; entries putting a writer beside another client: {}",
+                    f.max_holders, f.resource_most_inside, f.resource_writer_overlaps
+                );
+            }
             if let Some(ex) = &f.overlap_example {
                 let _ = writeln!(md, "- first overlap: {ex}");
             }
@@ -245,7 +302,7 @@ pub fn decision_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
     for b in Backend::ALL {
         let cells: Vec<&Outcome> = outcomes
             .iter()
-            .filter(|o| o.backend == b && o.findings.is_some())
+            .filter(|o| o.backend == b && o.findings.is_some() && o.workload == Workload::Mutex)
             .collect();
         if cells.is_empty() {
             continue;
@@ -308,4 +365,85 @@ pub fn decision_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
         "\nRead it with the table above: a lock alone protected the unfenced resource only where the \"broke under\" and \"lost under\" columns say none; a resource that checks fencing tokens refused every stale writer wherever \"stale accepted\" and \"token regressions\" are 0."
     );
     md
+}
+
+/// The mode cells' section: one row per backend, mode and fault.
+pub fn modes_markdown(p: &Provenance, outcomes: &[Outcome]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "## Semaphores and read-write locks\n");
+    let _ = writeln!(
+        md,
+        "Run {} (`{}`, tree `{}`) on {}. The same faults under the other modes, where the backend offers them (`capabilities().offer(..)`): a semaphore of {} permits taken by each of {} clients, or a read-write lock whose first client of three writes (the exclusive lock, with the fenced read-modify-write) while the others read (a read of the fenced store, then TTL/5 inside). \"Held at once\" counts the \"definitely held\" intervals by overlap depth; the resource counts who is inside it, whatever the lock says (a paused holder stays inside). A mode is predicted what the exclusive lock is on that backend and fault. A fence protects a writer's store; no single highest token can refuse a stale permit among N current ones.\n",
+        p.run,
+        p.command,
+        p.commit,
+        p.machine,
+        crate::workload::PERMITS,
+        p.clients
+    );
+    let _ = writeln!(
+        md,
+        "| backend | mode | fault | held at once: lock / resource (allowed) | writer overlaps: lock / resource | stale refused / accepted, regressions | unavailable | predicted | result |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for o in outcomes.iter().filter(|o| o.workload != Workload::Mutex) {
+        let allowed = o
+            .workload
+            .holders_allowed()
+            .map_or("readers: any".to_string(), |n| n.to_string());
+        match &o.findings {
+            Some(f) => {
+                let writers = match o.workload {
+                    Workload::Semaphore { .. } => "–".to_string(),
+                    _ => format!("{} / {}", f.overlaps, f.resource_writer_overlaps),
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | `{}` | {} / {} ({allowed}) | {writers} | {} / {}, {} | {:.1} s | {} | {} |",
+                    o.backend,
+                    o.workload,
+                    o.fault,
+                    f.max_holders,
+                    f.resource_most_inside,
+                    f.stale_writes_rejected + f.stale_reads_rejected,
+                    f.stale_writes_accepted,
+                    f.token_regressions,
+                    f.unavailable_ms / 1e3,
+                    o.prediction.label(o.workload),
+                    mark(o)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | `{}` | | | | | {} | {} |",
+                    o.backend,
+                    o.workload,
+                    o.fault,
+                    o.prediction.label(o.workload),
+                    o.skipped
+                        .as_deref()
+                        .map_or_else(|| mark(o).to_string(), |s| format!("– {s}"))
+                );
+            }
+        }
+    }
+    md
+}
+
+/// Puts this run's mode section into a fault matrix page, in place of the
+/// one between its markers, or at its end.
+pub fn replace_modes(page: &str, p: &Provenance, outcomes: &[Outcome]) -> String {
+    let section = format!("{MODES_BEGIN}\n{}{MODES_END}", modes_markdown(p, outcomes));
+    match (page.find(MODES_BEGIN), page.find(MODES_END)) {
+        (Some(begin), Some(end)) if begin < end => format!(
+            "{}{section}{}",
+            &page[..begin],
+            &page[end + MODES_END.len()..]
+        ),
+        // Before the cells in detail, where a full run puts it.
+        _ => match page.find("\n## Cells in detail") {
+            Some(at) => format!("{}\n{section}\n{}", &page[..at], &page[at..]),
+            None => format!("{}\n\n{section}\n", page.trim_end()),
+        },
+    }
 }
