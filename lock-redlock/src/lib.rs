@@ -16,8 +16,7 @@ use lock_core::raw::{
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
     LockBackend, LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, Stall,
-    WaitingOrder,
-    WakeUp,
+    WaitingOrder, WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -691,7 +690,10 @@ impl LockBackend for RedlockBackend {
         let keys = &self.keys(lease.key());
         let owner = lease.owner();
         let answers = match lease.mode() {
-            Mode::Shared => self.extend_read(&Claim::new(keys.clone(), owner), ttl).await,
+            Mode::Shared => {
+                self.extend_read(&Claim::new(keys.clone(), owner), ttl)
+                    .await
+            }
             _ => {
                 self.inner
                     .nodes

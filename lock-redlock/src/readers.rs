@@ -164,7 +164,11 @@ impl RedlockBackend {
 
     /// Moves `claim`'s read hold's expiry to `ttl` from now on every node:
     /// per node, whether it still held one.
-    pub(crate) async fn extend_read(&self, claim: &Arc<Claim>, ttl: Duration) -> Vec<NodeResult<bool>> {
+    pub(crate) async fn extend_read(
+        &self,
+        claim: &Arc<Claim>,
+        ttl: Duration,
+    ) -> Vec<NodeResult<bool>> {
         let operation = HoldOperation::extend_read(ttl);
         self.inner
             .nodes
