@@ -4,6 +4,7 @@ mod config;
 mod line;
 mod nodes;
 mod quorum;
+mod readers;
 mod wake;
 
 use std::sync::Arc;
@@ -14,8 +15,8 @@ use lock_core::raw::{
 };
 use lock_core::{
     Assumption, Capabilities, DriftMargin, Error, FencingGuarantee, FencingToken, Lease,
-    LockBackend, LockKey, LostReason, Offer, OwnerToken, Result, SafetyModel, Stall, WaitingOrder,
-    WakeUp,
+    LockBackend, LockKey, LostReason, Mode, Offer, OwnerToken, Result, SafetyModel, Stall,
+    WaitingOrder, WakeUp,
 };
 pub use lock_redis_wire::LockKeys;
 use lock_redis_wire::scripts::{self, AcquireReply};
@@ -143,9 +144,10 @@ impl RedlockBackend {
             SafetyModel::QuorumWithTimingAssumptions
         };
         let capabilities = Capabilities::new(BACKEND, safety)
-            .with_read_write(Offer::Refused {
-                reason: "not built yet: readers over independent masters must be counted on a majority, \
-                         and a writer waiting on them marked there too",
+            .with_read_write(Offer::Offered {
+                // Readers are let in by their polls and wake-ups, in no
+                // order; writers wait in the exclusive lock's line.
+                waiting_order: WaitingOrder::Unordered,
             })
             .with_fencing(
                 FencingGuarantee::Strict,
@@ -331,7 +333,7 @@ impl RedlockBackend {
     /// already, below `top`.
     ///
     /// [`fence`]: Self::fence
-    async fn raise_late_grants<F>(
+    async fn raise_late_grants<T, F>(
         self,
         keys: LockKeys,
         behind: Vec<usize>,
@@ -339,7 +341,8 @@ impl RedlockBackend {
         top: FencingToken,
         ttl: Duration,
     ) where
-        F: Future<Output = redis::RedisResult<AcquireReply>>,
+        T: Granted,
+        F: Future<Output = redis::RedisResult<T>>,
     {
         for i in behind {
             self.write_back_late(i, &keys, top, ttl).await;
@@ -474,9 +477,35 @@ fn arrival_window(node_timeout: Duration) -> Duration {
     node_timeout.saturating_mul(3)
 }
 
+/// A node's answer to an acquire, in any mode: its token when granted.
+trait Granted {
+    fn token(&self) -> Option<FencingToken>;
+}
+
+impl Granted for AcquireReply {
+    fn token(&self) -> Option<FencingToken> {
+        match self {
+            AcquireReply::Granted(token) => Some(*token),
+            _ => None,
+        }
+    }
+}
+
 /// Whether a node's answer is a grant whose token is below `top`.
-fn is_grant_below(answer: &NodeResult<AcquireReply>, top: FencingToken) -> bool {
-    matches!(answer, Ok(AcquireReply::Granted(token)) if *token < top)
+fn is_grant_below<T: Granted>(answer: &NodeResult<T>, top: FencingToken) -> bool {
+    matches!(answer.as_ref().map(Granted::token), Ok(Some(token)) if token < top)
+}
+
+/// A quorum granted, but too late for the grant to be valid for any time.
+fn granted_too_late(url: &str, ttl: Duration, elapsed: Duration) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        endpoint: url.to_owned(),
+        reason: format!(
+            "a quorum granted, but only after {elapsed:?}, which leaves no validity of a {ttl:?} TTL"
+        ),
+        source: None,
+    }
 }
 
 fn reply_of<T>(answer: NodeResult<T>) -> Reply<T> {
@@ -530,6 +559,20 @@ impl LockBackend for RedlockBackend {
         let had = tally.done().filter(|(_, deleted)| **deleted).count();
         let silent = tally.nodes() - tally.done_count();
         Ok(had >= q || (had > 0 && had + silent >= q))
+    }
+
+    async fn try_acquire_in(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Mode,
+    ) -> Result<Grant> {
+        match mode {
+            Mode::Exclusive => self.try_acquire(key, owner, ttl).await,
+            Mode::Shared => self.try_acquire_read(key, owner, ttl).await,
+            other => Err(Error::unsupported_mode(self.capabilities(), &other)),
+        }
     }
 
     async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Grant> {
@@ -592,14 +635,7 @@ impl LockBackend for RedlockBackend {
             if validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)).is_none() {
                 give_back.disarm();
                 self.release_on(claim, 0, ours).await;
-                return Err(Error::Unavailable {
-                    backend: BACKEND,
-                    endpoint: self.inner.url.clone(),
-                    reason: format!(
-                        "a quorum granted, but only after {elapsed:?}, which leaves no validity of a {ttl:?} TTL"
-                    ),
-                    source: None,
-                });
+                return Err(granted_too_late(&self.inner.url, ttl, elapsed));
             }
             let fenced = self.fence(keys, &tally, ttl).await;
             give_back.disarm();
@@ -653,14 +689,21 @@ impl LockBackend for RedlockBackend {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<()> {
         let keys = &self.keys(lease.key());
         let owner = lease.owner();
-        let answers = self
-            .inner
-            .nodes
-            .ask_all(|node| {
-                let mut c = node.connection.clone();
-                async move { scripts::extend(&mut c, keys, owner, ttl).await }
-            })
-            .await;
+        let answers = match lease.mode() {
+            Mode::Shared => {
+                self.extend_read(&Claim::new(keys.clone(), owner), ttl)
+                    .await
+            }
+            _ => {
+                self.inner
+                    .nodes
+                    .ask_all(|node| {
+                        let mut c = node.connection.clone();
+                        async move { scripts::extend(&mut c, keys, owner, ttl).await }
+                    })
+                    .await
+            }
+        };
         let tally = Tally::new(
             answers
                 .into_iter()
@@ -698,8 +741,14 @@ impl LockBackend for RedlockBackend {
             .map(|r| !matches!(r, Reply::Refused { .. }))
             .collect();
         let claim = &Claim::new(keys.clone(), owner);
-        self.release_on(claim, lease.fencing_token().get(), |i| extended[i])
-            .await;
+        let which = |i: usize| extended[i];
+        match lease.mode() {
+            Mode::Shared => self.release_reads_on(claim, which).await,
+            _ => {
+                self.release_on(claim, lease.fencing_token().get(), which)
+                    .await
+            }
+        }
         Err(Error::lost(key, lost))
     }
 
@@ -719,17 +768,19 @@ impl LockBackend for RedlockBackend {
         // is awaited), ahead of this client's later acquires and releases on
         // that node. A node that fails its delete keeps a minority grant
         // until its TTL, as it would had its answer been awaited.
-        let (answers, _late) = self
-            .inner
-            .nodes
-            .ask_all_until(
-                |node| {
-                    node.batcher
-                        .release(claim.clone(), lease.fencing_token().get())
-                },
-                |answers| deleted_by(answers) >= q,
-            )
-            .await;
+        // (The answers still to come are dropped: their deletes are sent.)
+        let enough = |answers: &[Option<NodeResult<bool>>]| deleted_by(answers) >= q;
+        let answers = match lease.mode() {
+            Mode::Shared => {
+                let release = |node: &Node| readers::release(node, claim.clone());
+                self.inner.nodes.ask_all_until(release, enough).await.0
+            }
+            _ => {
+                let token = lease.fencing_token().get();
+                let release = |node: &Node| node.batcher.release(claim.clone(), token);
+                self.inner.nodes.ask_all_until(release, enough).await.0
+            }
+        };
         // Held means held by a majority: a grant left on a minority (after a
         // lost extend, say) is not a lock, and releasing it reports that.
         let deleted = deleted_by(&answers);
@@ -823,14 +874,7 @@ impl LockBackend for RedlockBackend {
             let elapsed = sent.elapsed();
             let fenced = match validity(ttl, elapsed, DriftMargin::default().for_ttl(ttl)) {
                 Some(_) => self.fence(keys, &tally, ttl).await,
-                None => Err(Error::Unavailable {
-                    backend: BACKEND,
-                    endpoint: self.inner.url.clone(),
-                    reason: format!(
-                        "a quorum granted, but only after {elapsed:?}, which leaves no validity of a {ttl:?} TTL"
-                    ),
-                    source: None,
-                }),
+                None => Err(granted_too_late(&self.inner.url, ttl, elapsed)),
             };
             give_back.disarm();
             return match fenced {

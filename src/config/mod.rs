@@ -23,7 +23,7 @@
 //! fifo_fair = true              # waiters are served in order
 //! no_eviction = true            # no server that may evict lock keys (Redis: maxmemory-policy noeviction)
 //! semaphores = true             # N-permit semaphores (every backend but Redlock)
-//! read_write = true             # read-write locks (memory, Redis, Redis Cluster, Redis Sentinel)
+//! read_write = true             # read-write locks (every backend; Sentinel not with min_replicas)
 //! # lock_outlives_connection = false  # a dead client connection frees the lock at once (PostgreSQL only)
 //! ```
 //!
