@@ -20,21 +20,35 @@ use std::time::Duration;
 
 use lock_core::raw::Grant;
 use lock_core::{Error, LockKey, Mode, Result};
+use tokio::time::Instant;
 
 use crate::pool::Pinned;
-use crate::sql;
+use crate::sql::{self, millis};
 use crate::{PostgresBackend, errors, simple, within};
 
 /// How often a permit's rows may vanish under it (deleted by someone
 /// else) before it gives up.
 const VANISHED_LIMIT: usize = 3;
 
+/// The reply of [`Statements::permit_nowait`](crate::sql::Statements): the
+/// permits row's number, the token, its logged bound, done, and whether the
+/// slot rows reach the caller's number (asked only when no slot was locked).
+type PermitRow = (
+    Option<i32>,
+    Option<i64>,
+    Option<i64>,
+    Option<bool>,
+    Option<bool>,
+);
+
 impl PostgresBackend {
-    /// One attempt at a permit of a semaphore of `permits`: the key's rows
-    /// exist (autocommit, so that a second contender never blocks behind a
-    /// first one's uncommitted insert), then the permit's transaction
-    /// share-locks the lock and permits rows, checks the number, locks a
-    /// free slot and draws the token after it, as an exclusive grant does.
+    /// One attempt at a permit of a semaphore of `permits`, in as many
+    /// round trips as an exclusive `try_acquire`: `BEGIN`, then one
+    /// statement that share-locks the key's lock and permits rows, checks
+    /// the number, locks a free slot and draws the token after it. The
+    /// rows go in first (autocommit, so that a second contender never
+    /// blocks behind a first one's uncommitted insert) only when they are
+    /// missing: a key's first permit, or a larger N than its slot rows reach.
     pub(crate) async fn permit(&self, key: &LockKey, ttl: Duration, permits: u32) -> Result<Grant> {
         let inner = &*self.inner;
         let (rt, endpoint) = (inner.response_timeout, inner.conns.endpoint.as_str());
@@ -42,33 +56,67 @@ impl PostgresBackend {
         let asked = Mode::semaphore(permits);
         // MAX_PERMITS, checked by the Locker, fits an int.
         let n = i32::try_from(permits).unwrap_or(i32::MAX);
-        let (mut fresh, mut renumbered, mut vanished) = (false, false, 0);
+        let (mut fresh, mut missing, mut renumbered, mut vanished) = (false, false, false, 0);
         loop {
             let (mut pinned, reused) = inner.conns.pin(fresh).await?;
             let conn = &mut pinned.conn;
-            let rows = sqlx::query(&statements.permit_rows)
-                .bind(key.as_str())
-                .bind(n)
-                .execute(&mut *conn);
-            match within(rt, endpoint, "the permit rows", Box::pin(rows)).await? {
+            // Retried once on a new connection: an idle one may have died since its last use.
+            let retry = reused && !fresh;
+            if missing {
+                let rows = sqlx::query(&statements.permit_rows)
+                    .bind(key.as_str())
+                    .bind(n)
+                    .execute(&mut *conn);
+                match within(rt, endpoint, "the permit rows", Box::pin(rows)).await? {
+                    Ok(_) => {}
+                    Err(e) if retry && errors::is_connection_lost(&e) => {
+                        fresh = true;
+                        continue;
+                    }
+                    Err(e) => return Err(errors::connect(endpoint, e)),
+                }
+            }
+            match within(rt, endpoint, "BEGIN", simple(&mut *conn, "BEGIN")).await? {
                 Ok(_) => {}
-                // An idle connection may have died since its last use: retry once on a new one.
-                Err(e) if reused && !fresh && errors::is_connection_lost(&e) => {
+                Err(e) if retry && !missing && errors::is_connection_lost(&e) => {
                     fresh = true;
                     continue;
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }
-            let begin = sql::begin(sql::grant_idle_timeout(ttl, rt), rt, inner.modern);
-            within(rt, endpoint, "BEGIN", simple(&mut *conn, &begin))
-                .await?
-                .map_err(|e| errors::connect(endpoint, e))?;
-            let mode = sqlx::query_scalar::<_, Option<i32>>(&statements.permit_mode)
+            let idle = sql::grant_idle_timeout(ttl, rt);
+            let sent = Instant::now();
+            let permit = sqlx::query_as::<_, PermitRow>(&statements.permit_nowait)
                 .bind(key.as_str())
-                .fetch_optional(&mut *conn);
-            match within(rt, endpoint, "the permits row lock", Box::pin(mode)).await? {
-                Ok(Some(Some(held))) if held == n => {}
-                Ok(Some(Some(held))) => {
+                .bind(millis(ttl).to_string())
+                .bind(millis(rt).to_string())
+                .bind(inner.flusher.flushed_bound())
+                .bind(millis(idle).to_string())
+                .bind(n)
+                .fetch_one(&mut *conn);
+            match within(rt, endpoint, "the permit", Box::pin(permit)).await? {
+                Ok((Some(held), Some(token), logged, done, _)) if held == n => {
+                    let sent = if done == Some(true) {
+                        // The token is on disk and the statement set the TTL clock.
+                        sent
+                    } else {
+                        if let Err(e) = self.flush_token(logged).await {
+                            inner.conns.roll_back_and_give_back(pinned, rt).await;
+                            return Err(e);
+                        }
+                        self.refresh(&mut pinned.conn, key, ttl).await?
+                    };
+                    return Ok(self.hand_out(pinned, token, ttl, sent));
+                }
+                // Every slot below N is held.
+                Ok((Some(held), None, _, _, Some(true))) if held == n => {
+                    inner.conns.roll_back_and_give_back(pinned, rt).await;
+                    return Err(Error::Contended {
+                        key: key.to_string(),
+                        remaining: None,
+                    });
+                }
+                Ok((Some(held), ..)) if held != n => {
                     // Another number (0: readers): taken over only if no holder shares the row.
                     inner.conns.roll_back_and_give_back(pinned, rt).await;
                     let held = if held == 0 {
@@ -76,23 +124,24 @@ impl PostgresBackend {
                     } else {
                         Mode::semaphore(u32::try_from(held).unwrap_or(0))
                     };
-                    if !renumbered && self.renumber(key, n).await? {
-                        renumbered = true;
-                        continue;
+                    if renumbered || !self.renumber(key, n).await? {
+                        return Err(Error::ModeConflict {
+                            key: key.to_string(),
+                            held: Some(held),
+                            asked,
+                        });
                     }
-                    return Err(Error::ModeConflict {
-                        key: key.to_string(),
-                        held: Some(held),
-                        asked,
-                    });
+                    renumbered = true;
                 }
-                // The rows were deleted since they were inserted: insert them again, a few times.
+                // A row is missing (the key's, or the slots of a larger N): they go in
+                // first, then the permit is tried again; a few times if they were deleted.
                 Ok(_) if vanished < VANISHED_LIMIT => {
-                    vanished += 1;
+                    vanished += usize::from(missing);
+                    missing = true;
                     inner.conns.roll_back_and_give_back(pinned, rt).await;
-                    continue;
                 }
                 Ok(_) => {
+                    inner.conns.roll_back_and_give_back(pinned, rt).await;
                     return Err(Error::Backend {
                         backend: errors::BACKEND,
                         message: format!(
@@ -101,33 +150,12 @@ impl PostgresBackend {
                         source: None,
                     });
                 }
+                // An exclusive lock holds the key's row (or its permits row is being renumbered).
                 Err(e) if errors::is_lock_not_available(&e) => {
                     return Err(self.refusal(pinned, key, asked).await);
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }
-            let slot = sqlx::query_as::<_, (i64, Option<i64>)>(&statements.permit_slot)
-                .bind(key.as_str())
-                .bind(n)
-                .fetch_optional(&mut *conn);
-            return match within(rt, endpoint, "the slot lock", Box::pin(slot)).await? {
-                Ok(Some((token, logged))) => {
-                    if let Err(e) = self.flush_token(logged).await {
-                        inner.conns.roll_back_and_give_back(pinned, rt).await;
-                        return Err(e);
-                    }
-                    let sent = self.refresh(&mut pinned.conn, key, ttl).await?;
-                    Ok(self.hand_out(pinned, token, ttl, sent))
-                }
-                Ok(None) => {
-                    inner.conns.roll_back_and_give_back(pinned, rt).await;
-                    Err(Error::Contended {
-                        key: key.to_string(),
-                        remaining: None,
-                    })
-                }
-                Err(e) => Err(errors::connect(endpoint, e)),
-            };
         }
     }
 

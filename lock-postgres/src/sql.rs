@@ -185,14 +185,17 @@ pub(crate) struct Statements {
     /// permits row (slot -1, with the number of permits `$2`) and its slot
     /// rows 0 to `$2` - 1, each left alone if it exists.
     pub permit_rows: String,
-    /// In a permit's transaction: share-locks the key's lock row and its
-    /// permits row without waiting, and returns the number of permits the
-    /// key is held with.
-    pub permit_mode: String,
-    /// In a permit's transaction: locks the first free slot below `$2`
-    /// (none: the semaphore is full), then draws the token, as the
-    /// exclusive grant does; returns the token and the logged bound.
-    pub permit_slot: String,
+    /// A permit in one statement, after a bare `BEGIN`, as
+    /// [`lock_nowait`](Self::lock_nowait) is the exclusive grant:
+    /// share-locks the key's lock row and its permits row without waiting,
+    /// and if the permits row says `$6`, locks the first free slot below
+    /// `$6` (`SKIP LOCKED`) and draws the token after it. Returns the
+    /// permits row's number (NULL: a row is missing), the token, the logged
+    /// bound, whether the grant is done (with `lock_nowait`'s `$2` to `$5`),
+    /// and, when no slot was locked under the caller's number, whether the
+    /// slot rows reach `$6` (false: a larger N needs its rows first; true:
+    /// every permit is held).
+    pub permit_nowait: String,
     /// Autocommit: sets the key's number of permits to `$2` (0: read
     /// holds) if no permit holder or reader share-locks its permits row
     /// (else it fails at once).
@@ -281,6 +284,24 @@ impl Statements {
              FROM drawn d OFFSET 0) x",
             settle("x")
         );
+        // `held` is read twice, so it runs once (a locking CTE is never
+        // inlined), before `slot` reads its number; `nextval` runs only once a
+        // slot is locked. Whether the slot rows reach N is read only when no
+        // slot was locked: it tells a full semaphore from a larger N.
+        let permit_nowait = format!(
+            "WITH held AS (SELECT n.permits FROM {table} k JOIN {permits} n ON n.name = k.name AND n.slot = -1 \
+             WHERE k.name = $1 FOR SHARE OF k, n NOWAIT), \
+             slot AS (SELECT slot FROM {permits} WHERE name = $1 AND slot BETWEEN 0 AND $6 - 1 \
+             AND (SELECT permits FROM held) = $6 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED), \
+             drawn AS (SELECT nextval('{sequence}') AS token FROM slot), \
+             x AS (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
+             FROM drawn d OFFSET 0) \
+             SELECT h.permits, x.token, x.logged, {}, \
+             CASE WHEN x.token IS NULL AND h.permits = $6 \
+             THEN EXISTS (SELECT 1 FROM {permits} WHERE name = $1 AND slot = $6 - 1) END \
+             FROM (VALUES (1)) one (o) LEFT JOIN held h ON true LEFT JOIN x ON true",
+            settle("x")
+        );
         // A slot row is only ever locked FOR UPDATE, never updated, so its
         // xmax names the transaction of its holder, as the lock row's does.
         let slot_held = "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = p.xmax \
@@ -291,6 +312,7 @@ impl Statements {
                  INSERT INTO {permits} (name, slot, permits) VALUES ($1, -1, 0) ON CONFLICT (name, slot) DO NOTHING"
             ),
             read_nowait,
+            permit_nowait,
             held_readers: format!(
                 "SELECT k.name FROM {table} k JOIN pg_locks r ON {} \
                  WHERE left(k.name, length($1)) = $1 AND k.name <> ''",
@@ -302,18 +324,6 @@ impl Statements {
                  INSERT INTO {permits} (name, slot) SELECT $1, g FROM generate_series(0, $2 - 1) g \
                  WHERE NOT EXISTS (SELECT 1 FROM {permits} WHERE name = $1 AND slot = $2 - 1) \
                  ON CONFLICT (name, slot) DO NOTHING"
-            ),
-            permit_mode: format!(
-                "SELECT n.permits FROM {table} k JOIN {permits} n ON n.name = k.name AND n.slot = -1 \
-                 WHERE k.name = $1 FOR SHARE NOWAIT"
-            ),
-            permit_slot: format!(
-                "WITH slot AS (SELECT slot FROM {permits} WHERE name = $1 AND slot BETWEEN 0 AND $2 - 1 \
-                 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED), \
-                 drawn AS (SELECT nextval('{sequence}') AS token FROM slot) \
-                 SELECT x.token, x.logged \
-                 FROM (SELECT d.token, (SELECT s.last_value + s.log_cnt FROM {sequence} s WHERE d.token IS NOT NULL) AS logged \
-                 FROM drawn d OFFSET 0) x"
             ),
             permit_renumber: format!(
                 "UPDATE {permits} n SET permits = $2 FROM (SELECT name FROM {permits} \

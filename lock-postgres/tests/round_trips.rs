@@ -10,6 +10,8 @@ use lock_testkit::Postgres;
 
 const TTL: Duration = Duration::from_secs(30);
 const PAIRS: usize = 64;
+/// A semaphore's permit, as the lab measures it.
+const PERMIT: Mode = Mode::Semaphore { permits: 4 };
 
 /// The statements the server logged since byte `from` of its log that
 /// concern the lock `key` or the token flush, as (statements sent for the
@@ -45,7 +47,7 @@ fn sent_since(server: &Postgres, from: usize, key: &str) -> (usize, usize) {
 }
 
 /// With its row in place, an uncontended try_acquire and release (or read
-/// hold and release) are three round trips (BEGIN, the one statement that locks the row and draws the
+/// hold and release, or permit and release) are three round trips (BEGIN, the one statement that locks the row and draws the
 /// token, ROLLBACK), and the tokens' WAL flush is needed only when the
 /// sequence logs ahead again: about once in 32 grants, not once a grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,6 +70,12 @@ async fn an_uncontended_pair_is_three_round_trips_and_rarely_a_flush() {
         .acquire_in(read_key, Mode::Shared, TTL, Wait::NONE)
         .await
         .expect("read");
+    locker.release(first).await.expect("release");
+    let permit_key = "round-trips/permit";
+    let first = locker
+        .acquire_in(permit_key, PERMIT, TTL, Wait::NONE)
+        .await
+        .expect("permit");
     locker.release(first).await.expect("release");
     server
         .psql("ALTER SYSTEM SET log_statement = 'all'")
@@ -110,5 +118,21 @@ async fn an_uncontended_pair_is_three_round_trips_and_rarely_a_flush() {
     assert!(
         flushes <= PAIRS / 16 + 1,
         "{flushes} token flushes for {PAIRS} read holds"
+    );
+
+    // So does a permit, once its key's rows are in place.
+    let from = std::fs::metadata(server.log_path()).expect("log").len() as usize;
+    for _ in 0..PAIRS {
+        let lease = locker
+            .acquire_in(permit_key, PERMIT, TTL, Wait::NONE)
+            .await
+            .expect("permit");
+        locker.release(lease).await.expect("release");
+    }
+    let (sent, flushes) = sent_since(&server, from, permit_key);
+    assert_eq!(sent, 3 * PAIRS, "three round trips a permit pair");
+    assert!(
+        flushes <= PAIRS / 16 + 1,
+        "{flushes} token flushes for {PAIRS} permits"
     );
 }

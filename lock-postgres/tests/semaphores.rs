@@ -186,6 +186,46 @@ async fn failed_attempts_leave_the_holders_permit_alone() {
     other.release(two).await.expect("release");
 }
 
+/// Slot rows go in with a key's first permit and again only for a larger
+/// number: a key that was a semaphore of 1, once free, takes 3 and admits
+/// 3 holders at once (its slots 1 and 2 go in when first needed), then 2,
+/// which admits 2 holders and not a third (slot 2 exists, but only slots
+/// below the key's number are permits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_number_gets_its_slots_and_a_smaller_one_keeps_to_its_own() {
+    let Some((_, locker)) = locker("").await else {
+        return;
+    };
+    let key = key("renumbered");
+    let ttl = Duration::from_secs(30);
+    let one = locker
+        .acquire_in(&key, Mode::semaphore(1), ttl, Wait::NONE)
+        .await
+        .expect("a permit of 1");
+    locker.release(one).await.expect("release");
+    for permits in [3, 2] {
+        let mode = Mode::semaphore(permits);
+        let mut held = Vec::new();
+        for i in 0..permits {
+            let lease = locker
+                .acquire_in(&key, mode, ttl, Wait::NONE)
+                .await
+                .unwrap_or_else(|e| panic!("permit {} of {permits}: {e}", i + 1));
+            held.push(lease);
+        }
+        let listed = locker.inspect(&key).await.expect("inspect");
+        assert_eq!(listed.len(), permits as usize, "{listed:?}");
+        let full = locker.acquire_in(&key, mode, ttl, Wait::NONE).await;
+        assert!(
+            matches!(full, Err(Error::Contended { .. })),
+            "{permits} held of {permits}: {full:?}"
+        );
+        for lease in held {
+            locker.release(lease).await.expect("release");
+        }
+    }
+}
+
 /// A schema made before semaphores lacks the permits table: with
 /// `create_schema=false`, connect refuses naming it, and the schema SQL,
 /// run again, adds it, after which permits work.
