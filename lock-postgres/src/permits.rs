@@ -41,6 +41,15 @@ type PermitRow = (
     Option<bool>,
 );
 
+/// How many times a permit or a read hold looks at the key's mode again
+/// before it answers a mode conflict: two callers that switch a key to the
+/// same mode at once each see the other's switch under way, which is no
+/// conflict (the looks cost a round trip and a pause each, on that path only).
+pub(crate) const MODE_RECHECKS: u8 = 3;
+
+/// The pause before such a look: one statement of the other caller's.
+pub(crate) const MODE_RECHECK_PAUSE: Duration = Duration::from_millis(2);
+
 impl PostgresBackend {
     /// One attempt at a permit of a semaphore of `permits`, in as many
     /// round trips as an exclusive `try_acquire`: `BEGIN`, then one
@@ -56,7 +65,7 @@ impl PostgresBackend {
         let asked = Mode::semaphore(permits);
         // MAX_PERMITS, checked by the Locker, fits an int.
         let n = i32::try_from(permits).unwrap_or(i32::MAX);
-        let (mut fresh, mut missing, mut renumbered, mut vanished) = (false, false, false, 0);
+        let (mut fresh, mut missing, mut rechecks, mut vanished) = (false, false, 0, 0);
         loop {
             let (mut pinned, reused) = inner.conns.pin(fresh).await?;
             let conn = &mut pinned.conn;
@@ -124,14 +133,20 @@ impl PostgresBackend {
                     } else {
                         Mode::semaphore(u32::try_from(held).unwrap_or(0))
                     };
-                    if renumbered || !self.renumber(key, n).await? {
+                    if rechecks >= MODE_RECHECKS {
                         return Err(Error::ModeConflict {
                             key: key.to_string(),
                             held: Some(held),
                             asked,
                         });
                     }
-                    renumbered = true;
+                    // Renumbered, or refused because a holder shares the row: read
+                    // it again either way, since a caller asking for this very mode
+                    // may have renumbered it first and hold it now.
+                    if !self.renumber(key, n).await? {
+                        tokio::time::sleep(MODE_RECHECK_PAUSE).await;
+                    }
+                    rechecks += 1;
                 }
                 // A row is missing (the key's, or the slots of a larger N): they go in
                 // first, then the permit is tried again; a few times if they were deleted.
@@ -152,7 +167,21 @@ impl PostgresBackend {
                 }
                 // An exclusive lock holds the key's row (or its permits row is being renumbered).
                 Err(e) if errors::is_lock_not_available(&e) => {
-                    return Err(self.refusal(pinned, key, asked).await);
+                    let refused = self.refusal(pinned, key, asked).await;
+                    // "Held exclusively" is also what another caller's change of the
+                    // key's mode looks like while its statement runs: look again.
+                    let exclusive = matches!(
+                        refused,
+                        Error::ModeConflict {
+                            held: Some(Mode::Exclusive),
+                            ..
+                        }
+                    );
+                    if !exclusive || rechecks >= MODE_RECHECKS {
+                        return Err(refused);
+                    }
+                    tokio::time::sleep(MODE_RECHECK_PAUSE).await;
+                    rechecks += 1;
                 }
                 Err(e) => return Err(errors::connect(endpoint, e)),
             }

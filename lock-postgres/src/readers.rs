@@ -39,6 +39,7 @@ use lock_core::raw::Grant;
 use lock_core::{Error, LockKey, Mode, Result};
 use tokio::time::Instant;
 
+use crate::permits::{MODE_RECHECK_PAUSE, MODE_RECHECKS};
 use crate::sql::millis;
 use crate::{PostgresBackend, errors, simple, within};
 
@@ -64,7 +65,7 @@ impl PostgresBackend {
             key: key.to_string(),
             remaining: None,
         };
-        let (mut fresh, mut missing, mut renumbered, mut vanished) = (false, false, false, 0);
+        let (mut fresh, mut missing, mut rechecks, mut vanished) = (false, false, 0, 0);
         loop {
             let (mut pinned, reused) = inner.conns.pin(fresh).await?;
             let conn = &mut pinned.conn;
@@ -141,14 +142,20 @@ impl PostgresBackend {
                 Ok((true, Some(permits), ..)) => {
                     inner.conns.roll_back_and_give_back(pinned, rt).await;
                     let held = Mode::semaphore(u32::try_from(permits).unwrap_or(0));
-                    if renumbered || !self.renumber(key, 0).await? {
+                    if rechecks >= MODE_RECHECKS {
                         return Err(Error::ModeConflict {
                             key: key.to_string(),
                             held: Some(held),
                             asked: Mode::Shared,
                         });
                     }
-                    renumbered = true;
+                    // Renumbered, or refused because a holder shares the row: read
+                    // it again either way, since a caller asking for this very mode
+                    // may have renumbered it first and hold it now.
+                    if !self.renumber(key, 0).await? {
+                        tokio::time::sleep(MODE_RECHECK_PAUSE).await;
+                    }
+                    rechecks += 1;
                 }
                 // The writer holds the key's row (or its mode row is being changed).
                 Err(e) if errors::is_lock_not_available(&e) => {

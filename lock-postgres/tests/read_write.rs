@@ -255,3 +255,41 @@ async fn a_writer_waiting_twice_gives_up_within_its_one_wait() {
     assert!(took < wait + wait / 4, "gave up after {took:?}");
     one.release(holder).await.expect("release");
 }
+
+/// Two callers that ask for one mode at once, on a key last held in
+/// another, are never answered a mode conflict: the one that finds the
+/// key's mode row changed by the other under its feet looks again, rather
+/// than report the key held in a mode it is not held in. (It may be
+/// refused as contended while the other's change runs: the key is taken
+/// for that moment.) Readers after a semaphore, then permits after
+/// readers; many rounds, since it is a race.
+#[tokio::test]
+async fn callers_of_one_mode_at_once_are_not_refused_as_a_conflict() {
+    let Some((_, one, two)) = lockers().await else {
+        return;
+    };
+    for round in 0..40 {
+        let key = key(&format!("mode-race-{round}"));
+        let permit = one
+            .acquire_in(&key, Mode::semaphore(2), HOUR, Wait::NONE)
+            .await
+            .expect("a permit");
+        one.release(permit).await.expect("release");
+        for mode in [Mode::Shared, Mode::semaphore(3)] {
+            let (a, b) = tokio::join!(
+                one.acquire_in(&key, mode, HOUR, Wait::NONE),
+                two.acquire_in(&key, mode, HOUR, Wait::NONE),
+            );
+            for (who, got) in [("one", a), ("two", b)] {
+                match got {
+                    Ok(lease) => {
+                        let locker = if who == "one" { &one } else { &two };
+                        locker.release(lease).await.expect("release");
+                    }
+                    Err(Error::Contended { .. }) => {}
+                    Err(e) => panic!("round {round}, {mode:?}, caller {who}: {e}"),
+                }
+            }
+        }
+    }
+}
