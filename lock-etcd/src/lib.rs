@@ -997,8 +997,8 @@ impl LockBackend for EtcdBackend {
     /// the loss from its loss signal or its next renewal.
     ///
     /// The holders are those of one read of the queue, deleted in one
-    /// transaction (one per [`FORCED_AT_ONCE`] holders), so an error
-    /// leaves them all in place. A waiter granted after the read (as a
+    /// transaction (one per 128 holders, etcd's default `--max-txn-ops`),
+    /// so an error leaves them all in place. A waiter granted after the read (as a
     /// holder released, or by this very release) keeps its hold.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let queue = self.queue(key);
