@@ -13,6 +13,7 @@
 //! look), it deletes its entry and is refused. So other holders coming and
 //! going never refuse an attempt on a key with room, and a refusal writes
 //! nothing unless the key filled up between the look and the put.
+//!
 //! Sharing the queue is what makes the modes exclude each other: the
 //! exclusive lock's requests see the permits and readers as a held queue.
 //! A permit's or a read hold's fencing token is its entry's create
