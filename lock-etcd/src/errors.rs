@@ -17,6 +17,7 @@ mod code {
     pub const NOT_FOUND: i32 = 5;
     pub const PERMISSION_DENIED: i32 = 7;
     pub const FAILED_PRECONDITION: i32 = 9;
+    pub const OUT_OF_RANGE: i32 = 11;
     pub const INTERNAL: i32 = 13;
     pub const UNAVAILABLE: i32 = 14;
     pub const UNAUTHENTICATED: i32 = 16;
@@ -189,4 +190,10 @@ pub(crate) fn is_lease_gone(e: &etcd_client::Error) -> bool {
         etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
         _ => false,
     }
+}
+
+/// True when etcd says the revision asked for was compacted away.
+pub(crate) fn is_compacted(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if i32::from(s.code()) == code::OUT_OF_RANGE && s.message().contains("compacted"))
 }

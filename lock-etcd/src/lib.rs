@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse,
+};
 use lock_core::raw::{Grant, LossFuture, Waiting, async_trait};
 use lock_core::{
     Assumption, Capabilities, Error, FencingGuarantee, FencingToken, HeldLock, Lease, LockBackend,
@@ -993,6 +995,11 @@ impl LockBackend for EtcdBackend {
     /// lock away: had a holder released meanwhile, its lease may already be
     /// back in use, bound to an entry of another lock. A holder learns of
     /// the loss from its loss signal or its next renewal.
+    ///
+    /// The holders are those of one read of the queue, deleted in one
+    /// transaction (one per 128 holders, etcd's default `--max-txn-ops`),
+    /// so an error leaves them all in place. A waiter granted after the read (as a
+    /// holder released, or by this very release) keeps its hold.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let queue = self.queue(key);
         let resp = self
@@ -1002,14 +1009,27 @@ impl LockBackend for EtcdBackend {
             })
             .await?;
         let entries: Vec<Listed> = resp.kvs().iter().map(Listed::of).collect();
+        // Each holder's own release, as if made by it: the entry goes only
+        // if it is still the one read, with the same owner. Not deleted:
+        // released or expired meanwhile.
+        let deletes: Vec<TxnOp> = holders::holders(&entries)
+            .map(|holder| {
+                let value = String::from_utf8_lossy(&holder.value);
+                TxnOp::txn(Queue::release(&holder.entry, holder.revision, &value))
+            })
+            .collect();
         let mut freed = false;
-        for holder in holders::holders(&entries) {
-            // The holder's own release, as if made by it: the entry goes
-            // only if it is still the one read, with the same owner.
-            let value = String::from_utf8_lossy(&holder.value);
-            let delete = Queue::release(&holder.entry, holder.revision, &value);
-            // Not deleted: released or expired meanwhile.
-            freed |= self.txn("force release", delete).await?.succeeded();
+        for batch in deletes.chunks(FORCED_AT_ONCE) {
+            let resp = self
+                .txn(
+                    "force release",
+                    etcd_client::Txn::new().and_then(batch.to_vec()),
+                )
+                .await?;
+            freed |= resp
+                .op_responses()
+                .iter()
+                .any(|r| matches!(r, TxnOpResponse::Txn(delete) if delete.succeeded()));
         }
         Ok(freed)
     }
@@ -1049,6 +1069,11 @@ impl LockBackend for EtcdBackend {
         }))
     }
 }
+
+/// How many holders one forced release deletes in one transaction: etcd
+/// refuses a transaction of more operations than its `--max-txn-ops`
+/// (128 by default).
+const FORCED_AT_ONCE: usize = 128;
 
 /// The end of the key range holding every key that starts with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {

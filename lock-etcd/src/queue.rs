@@ -293,30 +293,37 @@ impl Queue {
     }
 
     /// One attempt that never queues: puts `entry` bound to `lease` with
-    /// `value` only if no entry of the queue was put after revision `seen`
-    /// (the revision at which the caller found room; 0 when it has not
-    /// looked, which only an empty queue passes). Otherwise writes nothing
-    /// and sends `look`, for the next attempt.
-    ///
-    /// Comparing every entry's last write, not what was read, is what keeps
-    /// two contenders that both found room for one more from both taking
-    /// it (the Nth permit; a reader beside a writer that just queued): the
-    /// first put fails the second's compare. Deletions only make room, so
-    /// they pass.
-    pub(crate) fn take_unless_changed(
+    /// `value` only if the queue is empty (a free key in one request, with
+    /// no look), and otherwise writes nothing and sends `look`.
+    pub(crate) fn take_if_empty(
         &self,
         entry: &[u8],
         lease: i64,
         value: &str,
-        seen: i64,
         look: Vec<TxnOp>,
     ) -> Txn {
-        let unchanged =
-            Compare::mod_revision(self.prefix.clone(), CompareOp::Less, seen + 1).with_prefix();
         Txn::new()
-            .when([unchanged])
+            .when([self.empty()])
             .and_then([self.put(entry, lease, value)])
             .or_else(look)
+    }
+
+    /// Puts `entry` bound to `lease` with `value` (it does not exist yet,
+    /// as in [`enqueue`](Self::enqueue)), then sends `look` in the same
+    /// revision: every other entry it reads was created before the new
+    /// one, so the look is exactly what is ahead of it.
+    pub(crate) fn put_and_look(
+        &self,
+        entry: &[u8],
+        lease: i64,
+        value: &str,
+        look: Vec<TxnOp>,
+    ) -> Txn {
+        let mut then = vec![self.put(entry, lease, value)];
+        then.extend(look);
+        Txn::new()
+            .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
+            .and_then(then)
     }
 
     /// Reads the head, and counts the queue's entries.

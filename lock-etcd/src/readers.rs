@@ -13,41 +13,62 @@
 
 use std::time::Duration;
 
-use etcd_client::{GetResponse, KeyValue, TxnResponse};
+use etcd_client::{GetResponse, KeyValue, Txn, TxnResponse};
 use lock_core::raw::{Grant, Waiting};
 use lock_core::{LockKey, Mode, Result};
 use tokio::time::{sleep, sleep_until};
 
+use crate::errors::is_compacted;
 use crate::permits::Room;
 use crate::queue::Queue;
 use crate::wake::{Deletion, Watched};
 use crate::{Entry, EtcdBackend, backend_error, modes, reads};
 
+/// What a look through the entries ahead, page by page in one revision,
+/// found.
+enum Writer {
+    /// The newest writer's entry.
+    Found(KeyValue),
+    /// No writer: readers only.
+    NoneFound,
+    /// The revision was compacted before every page was read: the caller
+    /// looks again, at the cluster's revision now.
+    Compacted,
+}
+
 impl EtcdBackend {
-    /// Room for a reader, from a refused attempt's read (at `revision`) of
-    /// the head and of the newest entries: no writer's entry anywhere in
-    /// the queue, held or waiting.
+    /// Room for a reader, from an attempt's look (at `revision`) at the
+    /// head and the newest entries (its own among them if it put one, a
+    /// reader's): no writer's entry anywhere in the queue, held or waiting.
     pub(crate) async fn room_for_reader(
         &self,
         key: &LockKey,
         resp: &TxnResponse,
         revision: i64,
     ) -> Result<Room> {
-        let mut reads = reads(resp);
-        let (Some(head), Some(newest)) = (reads.next(), reads.next()) else {
-            return Err(backend_error("read hold: a refusal without the queue"));
-        };
-        let head = head.kvs().first().cloned();
-        if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::Shared) {
-            return Err(conflict);
-        }
         let queue = self.queue(key);
-        Ok(match self.last_writer(&queue, newest, revision).await? {
-            // The head holds, writer or reader: its expiry is the first
-            // change the waiting can see.
-            Some(_) => Room::Full(head),
-            None => Room::Free,
-        })
+        let (mut head, mut newest) = head_and_newest(resp)?;
+        let mut revision = revision;
+        loop {
+            if let Some(conflict) = modes::conflict(key, head.as_ref(), Mode::Shared) {
+                return Err(conflict);
+            }
+            match self.last_writer(&queue, newest, revision).await? {
+                // The head holds, writer or reader: its expiry is the first
+                // change the waiting can see.
+                Writer::Found(_) => return Ok(Room::Full(head)),
+                Writer::NoneFound => return Ok(Room::Free),
+                Writer::Compacted => {
+                    let again = Txn::new().and_then([queue.head_read(), queue.newest_read(None)]);
+                    let resp = self.txn("look for writers again", again).await?;
+                    revision = resp
+                        .header()
+                        .map(|h| h.revision())
+                        .ok_or_else(|| backend_error("read hold: a reply without a revision"))?;
+                    (head, newest) = head_and_newest(&resp)?;
+                }
+            }
+        }
     }
 
     /// The newest writer's entry in `read` (a page of [`Queue::newest`],
@@ -57,28 +78,39 @@ impl EtcdBackend {
         queue: &Queue,
         mut read: GetResponse,
         revision: i64,
-    ) -> Result<Option<KeyValue>> {
+    ) -> Result<Writer> {
         loop {
             let writer = read
                 .kvs()
                 .iter()
                 .find(|kv| modes::mode_of(kv.value()) != Mode::Shared);
             if let Some(writer) = writer {
-                return Ok(Some(writer.clone()));
+                return Ok(Writer::Found(writer.clone()));
             }
             let Some(oldest) = read.kvs().last().filter(|_| read.more()) else {
-                return Ok(None);
+                return Ok(Writer::NoneFound);
             };
             // The next page, older entries, in the same revision: the
             // answer is the queue's at one revision.
             let below = oldest.create_revision();
-            read = self
+            let page = self
                 .call("look for writers", |mut c| {
                     let options = queue.newest(Some(below)).with_revision(revision);
                     let prefix = queue.prefix().to_vec();
-                    async move { c.get(prefix, Some(options)).await }
+                    async move {
+                        match c.get(prefix, Some(options)).await {
+                            // Compacted since the first page: no longer
+                            // readable, and not a failure of the cluster.
+                            Err(e) if is_compacted(&e) => Ok(None),
+                            other => other.map(Some),
+                        }
+                    }
                 })
                 .await?;
+            match page {
+                Some(page) => read = page,
+                None => return Ok(Writer::Compacted),
+            }
         }
     }
 
@@ -117,8 +149,11 @@ impl EtcdBackend {
             if own.kvs().is_empty() {
                 return Ok(None);
             }
-            let Some(writer) = self.last_writer(&queue, ahead, revision).await? else {
-                return self.grant_head(key, entry, refreshed, ttl).await;
+            let writer = match self.last_writer(&queue, ahead, revision).await? {
+                Writer::Found(writer) => writer,
+                Writer::NoneFound => return self.grant_head(key, entry, refreshed, ttl).await,
+                // Look again, at the cluster's revision now.
+                Writer::Compacted => continue,
             };
             // Only the writer waited for is watched, from just after the
             // look: its deletion since then is reported, however late the
@@ -157,4 +192,13 @@ impl EtcdBackend {
             }
         }
     }
+}
+
+/// The head and the first page of the newest entries, from a look.
+fn head_and_newest(resp: &TxnResponse) -> Result<(Option<KeyValue>, GetResponse)> {
+    let mut reads = reads(resp);
+    let (Some(head), Some(newest)) = (reads.next(), reads.next()) else {
+        return Err(backend_error("read hold: a look without the queue"));
+    };
+    Ok((head.kvs().first().cloned(), newest))
 }

@@ -269,3 +269,35 @@ async fn a_free_read_hold_is_one_put_and_a_writer_refuses_readers_without_a_writ
     refusals_write_nothing(&cluster, &locker, "readers", Mode::Shared).await;
     locker.release(writer).await.expect("release");
 }
+
+/// A forced release of a key that readers hold deletes every reader's
+/// entry in one transaction: one read of the queue and one request, all
+/// the readers' holds gone at once or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_of_readers_is_one_read_and_one_transaction() {
+    let (cluster, _backend, locker) = common::on_private_cluster().await;
+    const READERS: u64 = 3;
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let reader = locker
+            .acquire_in("forced", Mode::Shared, TTL, Wait::NONE)
+            .await
+            .expect("a reader");
+        readers.push(reader);
+    }
+    let before = counts(&cluster);
+    let txns_before = common::calls_started(&cluster, "Txn");
+    assert!(locker.force_release("forced").await.expect("force release"));
+    let spent = since(before, counts(&cluster));
+    let txns = common::calls_started(&cluster, "Txn") - txns_before;
+    assert_eq!(
+        (spent.requests, txns, spent.deletes),
+        (2, 1, READERS),
+        "{spent:?}"
+    );
+    let writer = locker
+        .try_acquire("forced", TTL)
+        .await
+        .expect("the key is free");
+    locker.release(writer).await.expect("release");
+}
