@@ -985,25 +985,26 @@ pub async fn release<C: ConnectionLike>(
 }
 
 /// The operator's force release: deletes the grant whoever holds it (with
-/// a read-write lock's readers and a semaphore's number of permits, which
-/// live beside it) and publishes the release so waiters need not wait for
-/// their next poll. Returns whether there was a grant.
+/// a read-write lock's readers, which live beside it) and publishes the
+/// release so waiters need not wait for their next poll. Returns whether
+/// there was a grant.
 pub async fn force_release<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
 ) -> RedisResult<bool> {
-    let (deleted, _beside, _receivers): (i64, i64, i64) = redis::pipe()
+    // One DEL for the marker and the readers (one hash slot): between two,
+    // a reader could set a new marker and join the set the second deletes,
+    // leaving a marker with no reader that blocks writers until it expires.
+    let (deleted, _receivers): (i64, i64) = redis::pipe()
         .cmd("DEL")
         .arg(&keys.lock)
-        .cmd("DEL")
         .arg(crate::read_write::readers_key(keys))
-        .arg(crate::semaphore::permits_key(keys))
         .cmd("PUBLISH")
         .arg(&keys.channel)
         .arg("released")
         .query_async(conn)
         .await?;
-    Ok(deleted == 1)
+    Ok(deleted > 0)
 }
 
 /// Moves the grant's expiry to `ttl` from now if `owner` holds it.

@@ -4,8 +4,11 @@
 //!
 //! A semaphore lives at the lock's own key (`lockkit:{jobs}`), as a sorted
 //! set of its holders' owner tokens scored by their expiry in ms of server
-//! time, beside the number of permits (`lockkit:{jobs}:permits`); both in
-//! the key's hash slot, so Redis Cluster runs it as one script. Sharing the
+//! time, with its number of permits N kept in the same set, as the member
+//! `#` scored `-N` (below every expiry, so it is never taken for an expired
+//! holder): one key, so a permit's acquire and release each write one key
+//! (two commands each when uncontended), and a key of another N is found
+//! in the same command that adds the holder. Sharing the
 //! key with the exclusive mode makes the modes exclude each other with no
 //! extra read: an exclusive acquire's `SET NX` finds the key taken (and the
 //! wrong type), and a permit's script finds a string there.
@@ -29,8 +32,17 @@ use redis::aio::ConnectionLike;
 use crate::holds::{self, HoldAnswer, HoldOperation};
 use crate::scripts::TokenRule;
 
-/// The suffix of the key holding a semaphore's number of permits.
-pub const PERMITS_SUFFIX: &str = ":permits";
+/// The member of a semaphore's sorted set that keeps its number of
+/// permits N, scored `-N`. No owner token (hex) is ever this member.
+pub const PERMITS_MEMBER: &str = "#";
+
+/// The number of permits a semaphore's `#` member's score says, if it
+/// says one.
+pub fn permits_of(score: f64) -> Option<u32> {
+    let permits = -score;
+    (permits >= 1.0 && permits <= u32::MAX as f64 && permits.fract() == 0.0)
+        .then_some(permits as u32)
+}
 
 /// The answer to a permit's acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +103,8 @@ pub async fn extend_permit<C: ConnectionLike>(
 }
 
 /// Gives `owner`'s permit of a semaphore of `permits` back, if it still
-/// holds one. Returns whether it did.
+/// holds one. Returns whether it did. (The script reads the number of
+/// permits from the semaphore's own key; `permits` only names the call.)
 pub async fn release_permit<C: ConnectionLike>(
     conn: &mut C,
     keys: &crate::LockKeys,
@@ -99,9 +112,4 @@ pub async fn release_permit<C: ConnectionLike>(
     permits: u32,
 ) -> RedisResult<bool> {
     holds::settle(conn, keys, owner, HoldOperation::ReleasePermit { permits }).await
-}
-
-/// The key that holds the number of permits of `keys`' semaphore.
-pub fn permits_key(keys: &crate::LockKeys) -> String {
-    format!("{}{PERMITS_SUFFIX}", keys.lock)
 }

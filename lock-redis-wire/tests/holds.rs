@@ -228,3 +228,108 @@ async fn a_force_released_read_hold_stays_lost_after_the_next_reader() {
     let released = run(&mut conn, &new, HoldOperation::ReleaseRead).await;
     assert_eq!(released.expect("release"), HoldAnswer::Done(true));
 }
+
+/// The operator's force release removes the marker and the readers in one
+/// command: between two, a reader could set a new marker and join the set
+/// the second deletes, its marker then blocking writers with no reader.
+#[tokio::test(flavor = "current_thread")]
+async fn a_force_release_removes_marker_and_readers_in_one_command() {
+    let server = RedisServer::start().expect("start redis");
+    let layout = KeyLayout::default();
+    let mut conn = common::connect(&server).await;
+    let keys = layout.keys("doc");
+    let granted = holds::run_hold(
+        &mut conn,
+        &shared_rule(&layout),
+        &keys,
+        &OwnerToken::random(),
+        HoldOperation::acquire_read(TTL),
+    )
+    .await
+    .expect("reader");
+    assert!(matches!(granted, HoldAnswer::Granted(_)), "{granted:?}");
+    let before = server.command_calls("del").expect("INFO");
+    assert!(
+        scripts::force_release(&mut conn, &keys)
+            .await
+            .expect("force release")
+    );
+    assert_eq!(server.command_calls("del").expect("INFO") - before, 1);
+    let left = server
+        .cli(&["EXISTS", &keys.lock, &format!("{}:readers", keys.lock)])
+        .expect("EXISTS");
+    assert_eq!(left.trim(), "0", "the marker or the readers stayed");
+}
+
+/// A reader that finds a semaphore touches only the keys its call names
+/// (a cluster's rule for scripts): a user allowed those keys alone is
+/// answered the semaphore's number of permits.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reader_at_a_semaphore_reads_only_the_keys_it_names() {
+    let server = RedisServer::start().expect("start redis");
+    let layout = KeyLayout::default();
+    let rule = shared_rule(&layout);
+    let mut conn = common::connect(&server).await;
+    let keys = layout.keys("jobs");
+    let permit = HoldOperation::acquire_permit(TTL, 3);
+    let granted = holds::run_hold(&mut conn, &rule, &keys, &OwnerToken::random(), permit)
+        .await
+        .expect("permit");
+    assert!(matches!(granted, HoldAnswer::Granted(_)), "{granted:?}");
+    let lock = &keys.lock;
+    let allowed = [
+        lock.clone(),
+        format!("{lock}:readers"),
+        format!("{lock}:queue"),
+        format!("{lock}:leases"),
+        layout.shared_counter().to_string(),
+    ];
+    let mut acl = vec!["ACL", "SETUSER", "reader", "on", ">secret", "+@all"];
+    let patterns: Vec<String> = allowed.iter().map(|key| format!("~{key}")).collect();
+    acl.extend(patterns.iter().map(String::as_str));
+    server.cli(&acl).expect("ACL SETUSER");
+    let url = format!("redis://reader:secret@{}", server.host_port());
+    let mut reader = redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect as the reader");
+    let answer = holds::run_hold(
+        &mut reader,
+        &rule,
+        &keys,
+        &OwnerToken::random(),
+        HoldOperation::acquire_read(TTL),
+    )
+    .await
+    .expect("the reader's call touches no key it does not name");
+    assert_eq!(answer, HoldAnswer::Semaphore(3));
+}
+
+/// Under the counter-first rule (quorum fencing), a permit's token is the
+/// lock's counter plus one, as an exclusive grant's is, not the clock.
+#[tokio::test(flavor = "current_thread")]
+async fn a_permit_under_the_counter_first_rule_counts_on_from_the_counter() {
+    let server = RedisServer::start().expect("start redis");
+    let layout = KeyLayout::default();
+    let mut conn = common::connect(&server).await;
+    let keys = layout.keys("jobs");
+    server
+        .cli(&["SET", &keys.counter, "41", "PX", "60000"])
+        .expect("SET");
+    for (owner, expected) in [(OwnerToken::random(), 42), (OwnerToken::random(), 43)] {
+        let answer = holds::run_hold(
+            &mut conn,
+            &TokenRule::CounterFirst,
+            &keys,
+            &owner,
+            HoldOperation::acquire_permit(TTL, 2),
+        )
+        .await
+        .expect("permit");
+        assert_eq!(
+            answer,
+            HoldAnswer::Granted(lock_core::FencingToken::new(expected))
+        );
+    }
+}

@@ -96,15 +96,16 @@ impl RedisBackend {
     /// its number of permits is known.
     pub(crate) async fn semaphore_on(&self, key: &LockKey) -> Option<Option<Mode>> {
         let keys = self.inner.settings.layout.keys(key.as_str());
-        let (kind, permits): (String, Option<u32>) = redis::pipe()
+        let (kind, permits): (String, Option<f64>) = redis::pipe()
             .cmd("TYPE")
             .arg(&keys.lock)
-            .cmd("GET")
-            .arg(semaphore::permits_key(&keys))
+            .cmd("ZSCORE")
+            .arg(&keys.lock)
+            .arg(semaphore::PERMITS_MEMBER)
             .query_async(&mut self.inner.conn.clone())
             .await
             .ok()?;
-        (kind == "zset").then(|| permits.map(Mode::semaphore))
+        (kind == "zset").then(|| permits.and_then(semaphore::permits_of).map(Mode::semaphore))
     }
 
     /// Gives back, in a task of its own, the permit an attempt may hold.

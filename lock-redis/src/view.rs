@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lock_core::{FencingToken, HeldLock, LockReport, Mode, Result};
 use lock_redis_wire::keys::StoredKey;
-use lock_redis_wire::{KeyLayout, map_error, read_write};
+use lock_redis_wire::{KeyLayout, map_error, read_write, semaphore};
 use redis::aio::ConnectionLike;
 
 const SCAN_BATCH: usize = 500;
@@ -126,16 +126,20 @@ async fn take_semaphores<C: ConnectionLike + Send>(
                 .arg(0)
                 .arg(-1)
                 .arg("WITHSCORES");
-            pipe.cmd("GET")
-                .arg(lock_redis_wire::semaphore::permits_key(&keys));
         }
         let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
         let rest = replies.split_off(1);
         let (seconds, micros): (u64, u64) = redis::from_redis_value(replies[0].clone())?;
         let now_ms = seconds * 1000 + micros / 1000;
-        for (((key, _), _), pair) in semaphores.into_iter().zip(rest.chunks(2)) {
-            let holders: Vec<(String, f64)> = redis::from_redis_value(pair[0].clone())?;
-            let permits: Option<u32> = redis::from_redis_value(pair[1].clone())?;
+        for (((key, _), _), holders) in semaphores.into_iter().zip(rest) {
+            let holders: Vec<(String, f64)> = redis::from_redis_value(holders)?;
+            // The set's `#` member keeps the number of permits, not a holder.
+            let (permits, holders): (Vec<_>, Vec<_>) = holders
+                .into_iter()
+                .partition(|(member, _)| member == semaphore::PERMITS_MEMBER);
+            let permits = permits
+                .first()
+                .and_then(|(_, score)| semaphore::permits_of(*score));
             let mode = Mode::semaphore(permits.unwrap_or(0));
             for (_owner, expiry) in holders {
                 let left = (expiry as u64).saturating_sub(now_ms);
