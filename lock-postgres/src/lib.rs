@@ -94,6 +94,11 @@ struct HeldLock {
     lost: watch::Receiver<Option<LostReason>>,
 }
 
+/// How early a cancelled statement may end before its wait's end and still
+/// be that wait's `statement_timeout`: the server's timer starts after the
+/// client computed the wait, so it fires a little after, never this early.
+const WAIT_END_SLACK: Duration = Duration::from_millis(50);
+
 impl PostgresBackend {
     /// Checks a URL as [`connect`](Self::connect) reads it, without
     /// connecting: a malformed URL or an unknown option is refused the same.
@@ -424,10 +429,13 @@ impl PostgresBackend {
                 }
                 // Permit holders share-lock the row: then the key is a semaphore's. A wait
                 // ends with lock_timeout, or statement_timeout when it waited twice (the
-                // readers' gate, then the row).
+                // readers' gate, then the row). A cancel (57014 too) before the wait's
+                // end is someone else's, an operator's say: an error, below.
                 Err(e)
                     if errors::is_lock_not_available(&e)
-                        || (wait.is_some() && errors::is_statement_timeout(&e)) =>
+                        || (errors::is_statement_timeout(&e)
+                            && until
+                                .is_some_and(|until| Instant::now() + WAIT_END_SLACK >= until)) =>
                 {
                     return Err(self.refusal(pinned, key, Mode::Exclusive).await);
                 }

@@ -947,3 +947,62 @@ async fn a_token_flush_slower_than_the_ttl_still_grants_a_live_lease() {
     );
     released.expect("the fresh lease could not be released");
 }
+
+/// An operator's cancel of a waiting acquire's statement (`pg_cancel_backend`)
+/// is an error, seen at once: not a wait that ran out long before its end.
+#[tokio::test]
+async fn a_cancelled_wait_is_an_error_not_a_timeout() {
+    let Some((url, backend)) = setup("").await else {
+        return;
+    };
+    let locker = Locker::new(backend.clone());
+    let key = format!("{}cancelled-wait", prefix());
+    let held = locker.try_acquire(&key, LIMIT).await.expect("the holder");
+    let holder = backend
+        .holder_pid(&key)
+        .await
+        .expect("the holder's session")
+        .expect("a holder");
+    let waiter = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            let started = Instant::now();
+            let got = locker.acquire(&key, LIMIT, Wait::at_most(LIMIT)).await;
+            (got, started.elapsed())
+        }
+    });
+    let mut admin = plain(&url).await;
+    timeout(LIMIT, async {
+        loop {
+            // The session the holder blocks: the waiter's.
+            let cancelled: Option<bool> = sqlx::query_scalar(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+                 WHERE $1 = ANY(pg_blocking_pids(pid)) LIMIT 1",
+            )
+            .bind(holder)
+            .fetch_optional(&mut admin)
+            .await
+            .expect("the blocked sessions");
+            if cancelled == Some(true) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the waiter waits in the server");
+    let (got, waited) = timeout(LIMIT, waiter)
+        .await
+        .expect("the cancelled waiter returns")
+        .expect("task");
+    match got {
+        Err(Error::TimedOut { .. }) => {
+            panic!(
+                "a cancelled wait was read as a wait that ran out, after {waited:?} of {LIMIT:?}"
+            )
+        }
+        Ok(lease) => panic!("granted while held: {lease:?}"),
+        Err(e) => assert!(waited < LIMIT / 2, "{e} after {waited:?}"),
+    }
+    locker.release(held).await.expect("release");
+}
