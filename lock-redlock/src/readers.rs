@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::nodes::{Node, NodeResult};
 use crate::quorum::{Reply, Tally, quorum, validity};
-use crate::{Granted, RedlockBackend, granted_too_late, is_grant_below, unavailable};
+use crate::{Granted, RedlockBackend, granted_too_late, unavailable};
 
 impl Granted for HoldAnswer {
     fn token(&self) -> Option<FencingToken> {
@@ -72,7 +72,7 @@ impl RedlockBackend {
         });
         let q = quorum(nodes.len());
         let operation = HoldOperation::acquire_read(ttl);
-        let (answers, mut late) = nodes
+        let (answers, late) = nodes
             .ask_all_until(
                 |node| node.batcher.hold(claim.clone(), operation),
                 |answers| {
@@ -115,21 +115,7 @@ impl RedlockBackend {
             give_back.disarm();
             return match fenced {
                 Ok(token) => {
-                    let behind: Vec<usize> = late
-                        .ready()
-                        .into_iter()
-                        .filter(|(_, answer)| is_grant_below(answer, token))
-                        .map(|(i, _)| i)
-                        .collect();
-                    if !behind.is_empty() || !late.is_empty() {
-                        tokio::spawn(self.clone().raise_late_grants(
-                            keys.clone(),
-                            behind,
-                            late,
-                            token,
-                            ttl,
-                        ));
-                    }
+                    self.follow_late_grants(keys, late, token, ttl);
                     Ok(Grant::new(token).sent_at(sent))
                 }
                 Err(e) => {
